@@ -1,0 +1,31 @@
+"""allreduce: collective communication for Python processes on one host or many.
+
+The API mirrors torch.distributed on numpy arrays (and torch CPU tensors)::
+
+    import numpy as np, allreduce as dist
+    dist.init_process_group()                 # env://, e.g. under `allreduce run -n 4 -- python script.py`
+    x = np.full(1000, dist.get_rank() + 1, dtype=np.float32)
+    dist.all_reduce(x, op=dist.ReduceOp.SUM)  # in place: every rank holds the sum
+    dist.destroy_process_group()
+"""
+
+from . import algorithms, errors
+from .api import (
+    NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single, barrier,
+    broadcast, destroy_process_group, gather, get_rank, get_world_size, init_process_group, irecv,
+    is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send,
+)
+from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
+from .group import ProcessGroup
+from .ops import ReduceOp
+from .work import Work
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
+    "ProtocolError", "ReduceOp", "RendezvousError", "Work", "algorithms", "all_gather", "all_gather_into_tensor",
+    "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier", "broadcast", "destroy_process_group",
+    "errors", "gather", "get_rank", "get_world_size", "init_process_group", "irecv", "is_initialized", "isend",
+    "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+]

@@ -1,0 +1,397 @@
+"""The public functions, shaped like torch.distributed: same names, argument order and meaning.
+
+Every collective follows one pattern: validate the arguments (``TypeError``/``ValueError`` before
+anything is sent), describe the buffers, hand them to the group, and return a :class:`Work` when
+``async_op=True``. ``src``/``dst`` are ranks within ``group``; calling a collective on a group this
+rank is not a member of is an error, never a silent ``None``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import time
+
+import numpy as np
+
+from .buffers import as_array, flat
+from .group import ProcessGroup, finish_reduction
+from .ops import ReduceOp, check_op
+from . import rendezvous as _rdv
+from .transport.tcp import TcpTransport
+from .work import Work
+
+DEFAULT_TIMEOUT = 600.0  # seconds; torch's default for collectives
+BACKENDS = (None, "allreduce", "tcp")
+_LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
+
+
+class NonMember:
+    """What :func:`new_group` returns on ranks outside the group: using it raises ``ValueError``."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = ranks
+
+    def __repr__(self) -> str:
+        return f"<allreduce group {self.ranks}: this rank is not a member>"
+
+
+class _State:
+    world: ProcessGroup | None = None
+    groups: list[ProcessGroup] = []
+    new_groups = 0
+
+
+# ---- setup --------------------------------------------------------------------------------------
+
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
+                       world_size: int = -1, rank: int = -1, store=None, group_name: str = "") -> None:
+    """Join the job's default group: find the other ranks, then connect to every one of them.
+
+    Args:
+        backend: ``None``/``"allreduce"``/``"tcp"``.
+        init_method: ``env://`` (default; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or the variables of
+            torchrun, Open MPI, MPICH or Slurm), ``tcp://host:port`` or ``file:///path``.
+        timeout: per-collective deadline (seconds or ``timedelta``), default 10 minutes.
+        world_size, rank: override the environment; required with ``store``.
+        store: an existing key-value store to rendezvous through.
+
+    Raises:
+        RuntimeError: already initialized. ValueError: bad arguments. RendezvousError: peers not found.
+
+    Example (each of two ranks)::
+
+        dist.init_process_group()          # under `allreduce run -n 2 -- python script.py`
+    """
+    if _State.world is not None:
+        raise RuntimeError("init_process_group was already called; call destroy_process_group() first")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
+    seconds = _seconds(timeout)
+    if store is None:
+        store, rank, world_size = _rdv.rendezvous(init_method, rank, world_size, seconds)
+    elif rank < 0 or world_size < 1:
+        raise ValueError("with store=..., pass rank= and world_size= too")
+    _State.world = _form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)))
+    _State.new_groups = 0
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Finish queued work and close the group (the default group: every group, and the store)."""
+    if group is not None and group is not _State.world:
+        if isinstance(group, ProcessGroup):
+            group.close()
+            _State.groups.remove(group)
+        return
+    world = _require()
+    for g in _State.groups:
+        g.close()
+    world.close()
+    _State.world, _State.groups = None, []
+    _leave(world.store, world.size)
+
+
+def is_initialized() -> bool:
+    return _State.world is not None
+
+
+def get_rank(group=None) -> int:
+    """This rank's index in ``group`` (the default group if ``None``); -1 if not a member."""
+    if isinstance(group, NonMember):
+        return -1
+    return _group(group).rank
+
+
+def get_world_size(group=None) -> int:
+    """Number of ranks in ``group``; -1 if this rank is not a member."""
+    if isinstance(group, NonMember):
+        return -1
+    return _group(group).size
+
+
+def new_group(ranks=None, timeout=None):
+    """A subgroup of the given world ranks; every rank of the job must call it, in the same order.
+
+    Returns the group on members and a :class:`NonMember` elsewhere (collectives on it raise).
+    """
+    world = _require()
+    _State.new_groups += 1
+    members = sorted(set(range(world.size) if ranks is None else ranks))
+    if not members or members[0] < 0 or members[-1] >= world.size:
+        raise ValueError(f"new_group ranks must be a non-empty subset of 0..{world.size - 1}, got {ranks}")
+    if world.rank not in members:
+        return NonMember(members)
+    name = f"group{_State.new_groups}"
+    store = world.store.prefix(name)
+    group = _form_group(store, members.index(world.rank), len(members), _seconds(timeout) if timeout else world.timeout, name, members)
+    _State.groups.append(group)
+    return group
+
+
+# ---- collectives --------------------------------------------------------------------------------
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Reduce ``tensor`` across all ranks in place; every rank ends with the same result.
+
+    ``algorithm``: ``"auto"`` (default), ``"ring"``, ``"tree"``, ``"reduce_bcast"`` or any registered one.
+
+    Example (two ranks)::
+
+        x = np.array([rank + 1.0])   # rank 0: [1.], rank 1: [2.]
+        dist.all_reduce(x)           # both: [3.]
+    """
+    g = _group(group)
+    arr = as_array(tensor)
+    op = check_op(op, arr.dtype)
+    data = flat(arr)
+    return g.collective("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
+                        finish_reduction(op, data, g.size), async_op)
+
+
+def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Reduce ``tensor`` from all ranks into ``tensor`` on rank ``dst``; other ranks' tensors are unchanged."""
+    g = _group(group)
+    arr = as_array(tensor)
+    op = check_op(op, arr.dtype)
+    _check_rank(dst, g, "dst")
+    data = flat(arr)
+    after = finish_reduction(op, data, g.size) if g.rank == dst else None
+    return g.collective("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after, async_op)
+
+
+def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
+    g = _group(group)
+    arr = as_array(tensor)
+    _check_rank(src, g, "src")
+    data = flat(arr)
+    return g.collective("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
+    g = _group(group)
+    out, inp = as_array(output_tensor, "output_tensor"), as_array(input_tensor, "input_tensor", writable=False)
+    _check_same_dtype(out, inp)
+    if out.size != g.size * inp.size:
+        raise ValueError(f"output_tensor has {out.size} elements; all_gather needs world size x input = {g.size * inp.size}")
+    return g.collective("all_gather", {"data": flat(inp), "out": flat(out)}, inp.size, inp.dtype,
+                        ReduceOp.SUM, 0, algorithm, None, async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank."""
+    g = _group(group)
+    inp = as_array(tensor, "tensor", writable=False)
+    outs = _tensor_list(tensor_list, g.size, inp, "tensor_list")
+    staged = np.empty(g.size * inp.size, inp.dtype)
+
+    def scatter_out():
+        for i, o in enumerate(outs):
+            flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
+
+    return g.collective("all_gather", {"data": flat(inp), "out": staged}, inp.size, inp.dtype,
+                        ReduceOp.SUM, 0, algorithm, scatter_out, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Reduce ``input`` (world size x ``output``) across ranks; rank r keeps block r in ``output``."""
+    g = _group(group)
+    out, inp = as_array(output, "output"), as_array(input, "input", writable=False)
+    _check_same_dtype(out, inp)
+    op = check_op(op, out.dtype)
+    if inp.size != g.size * out.size:
+        raise ValueError(f"input has {inp.size} elements; reduce_scatter needs world size x output = {g.size * out.size}")
+    result = flat(out)
+    return g.collective("reduce_scatter", {"data": flat(inp), "out": result}, out.size, out.dtype, op, 0,
+                        algorithm, finish_reduction(op, result, g.size), async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Reduce ``input_list[r]`` across ranks into ``output`` on rank r."""
+    g = _group(group)
+    out = as_array(output, "output")
+    ins = _tensor_list(input_list, g.size, out, "input_list", writable=False)
+    staged = np.concatenate([flat(i) for i in ins]) if ins else np.empty(0, out.dtype)
+    return reduce_scatter_tensor(out, staged, op, group, async_op, algorithm)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False, algorithm: str | None = None):
+    """Rank r sends block j of ``input`` to rank j, which stores it as block r of ``output`` (equal blocks)."""
+    g = _group(group)
+    if output_split_sizes is not None or input_split_sizes is not None:
+        raise NotImplementedError("all_to_all_single with split sizes is not supported yet; use equal blocks")
+    out, inp = as_array(output, "output"), as_array(input, "input", writable=False)
+    _check_same_dtype(out, inp)
+    if out.size != inp.size or inp.size % g.size:
+        raise ValueError(f"input and output must have the same size, divisible by the world size {g.size}; "
+                         f"got {inp.size} and {out.size}")
+    return g.collective("all_to_all", {"data": flat(inp), "out": flat(out)}, inp.size // g.size, inp.dtype,
+                        ReduceOp.SUM, 0, algorithm, None, async_op)
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (``None`` elsewhere)."""
+    g = _group(group)
+    _check_rank(dst, g, "dst")
+    inp = as_array(tensor, "tensor", writable=False)
+    buffers, after = {"data": flat(inp)}, None
+    if g.rank == dst:
+        outs = _tensor_list(gather_list, g.size, inp, "gather_list")
+        staged = buffers["out"] = np.empty(g.size * inp.size, inp.dtype)
+
+        def after():
+            for i, o in enumerate(outs):
+                flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
+    elif gather_list is not None:
+        raise ValueError(f"gather_list must be None on ranks other than dst={dst}")
+    return g.collective("gather", buffers, inp.size, inp.dtype, ReduceOp.SUM, dst, algorithm, after, async_op)
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Rank ``src`` sends ``scatter_list[r]`` to rank r, which receives it into ``tensor``."""
+    g = _group(group)
+    _check_rank(src, g, "src")
+    out = as_array(tensor)
+    buffers = {"out": flat(out)}
+    if g.rank == src:
+        ins = _tensor_list(scatter_list, g.size, out, "scatter_list", writable=False)
+        buffers["data"] = np.concatenate([flat(i) for i in ins]) if out.size else np.empty(0, out.dtype)
+    elif scatter_list is not None:
+        raise ValueError(f"scatter_list must be None on ranks other than src={src}")
+    return g.collective("scatter", buffers, out.size, out.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
+
+
+def barrier(group=None, async_op: bool = False):
+    """Return only once every rank of ``group`` has entered the barrier."""
+    g = _group(group)
+    return g.collective("barrier", {}, 0, np.dtype(np.uint8), ReduceOp.SUM, 0, None, None, async_op)
+
+
+def send(tensor, dst: int, group=None, tag: int = 0) -> None:
+    """Send ``tensor`` to rank ``dst``; pairs with ``recv`` on ``dst`` in call order."""
+    isend(tensor, dst, group, tag).wait()
+
+
+def recv(tensor, src: int, group=None, tag: int = 0) -> int:
+    """Receive into ``tensor`` from rank ``src`` (a specific source is required). Returns ``src``."""
+    irecv(tensor, src, group, tag).wait()
+    return src
+
+
+def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
+    g = _group(group)
+    _check_rank(dst, g, "dst", peer=True)
+    return g.point_to_point(flat(as_array(tensor, writable=False)), dst, tag, True, True)
+
+
+def irecv(tensor, src: int, group=None, tag: int = 0) -> Work:
+    g = _group(group)
+    if src is None:
+        raise ValueError("recv from any source is not supported; pass src")
+    _check_rank(src, g, "src", peer=True)
+    return g.point_to_point(flat(as_array(tensor)), src, tag, False, True)
+
+
+def all_reduce_scalar(value, op=ReduceOp.SUM, group=None):
+    """All-reduce one Python number (the article's ``SimpleAllReduce``) and return the result.
+
+    Example (two ranks)::
+
+        dist.all_reduce_scalar(rank + 1.5)   # both: 4.0
+    """
+    arr = np.array([value])
+    if arr.dtype.kind not in "biufc" or arr.ndim != 1:
+        raise TypeError(f"all_reduce_scalar takes a number, got {type(value).__name__}")
+    all_reduce(arr, op, group)
+    return arr[0].item()
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def _require() -> ProcessGroup:
+    if _State.world is None:
+        raise RuntimeError("the default process group is not initialized; call allreduce.init_process_group() first")
+    return _State.world
+
+
+def _group(group) -> ProcessGroup:
+    if group is None:
+        return _require()
+    if isinstance(group, NonMember):
+        raise ValueError(f"rank {_require().rank} is not a member of group {group.ranks}")
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a group from new_group(), got {type(group).__name__}")
+    return group
+
+
+def _check_rank(rank, g: ProcessGroup, name: str, peer: bool = False) -> None:
+    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < g.size:
+        raise ValueError(f"{name}={rank!r} is not a rank of this group (0..{g.size - 1})")
+    if peer and rank == g.rank:
+        raise ValueError(f"{name}={rank} is this rank; point-to-point needs another rank")
+
+
+def _check_same_dtype(a: np.ndarray, b: np.ndarray) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"input and output dtypes differ: {b.dtype} vs {a.dtype}")
+
+
+def _tensor_list(tensors, size: int, like: np.ndarray, name: str, writable: bool = True) -> list[np.ndarray]:
+    if tensors is None or len(tensors) != size:
+        raise ValueError(f"{name} must hold one tensor per rank ({size}), got {None if tensors is None else len(tensors)}")
+    arrays = [as_array(t, f"{name}[{i}]", writable) for i, t in enumerate(tensors)]
+    for i, a in enumerate(arrays):
+        if a.dtype != like.dtype or a.size != like.size:
+            raise ValueError(f"{name}[{i}] must match the tensor ({like.size} x {like.dtype}), got {a.size} x {a.dtype}")
+    return arrays
+
+
+def _seconds(timeout) -> float:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    if seconds <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return seconds
+
+
+def _form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int]) -> ProcessGroup:
+    transport = TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout)
+    return ProcessGroup(store, rank, size, transport, timeout, name, ranks)
+
+
+def _bind_host(store) -> str:
+    """The address peers reach this rank on: ALLREDUCE_ADDR, else the interface facing the store."""
+    if os.environ.get("ALLREDUCE_ADDR"):
+        return os.environ["ALLREDUCE_ADDR"]
+    host = getattr(store, "host", None)
+    if not host or host == "localhost" or _is_loopback(host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+        probe.connect((host, getattr(store, "port", 9)))
+        return probe.getsockname()[0]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _leave(store, size: int) -> None:
+    """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it."""
+    try:
+        left = store.add("leave", 1)
+        if getattr(store, "is_server", False):
+            deadline = time.monotonic() + _LEAVE_GRACE
+            while left < size and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = store.add("leave", 0)
+    except Exception:  # the store host may already be gone; leaving is best effort
+        pass
+    store.close()

@@ -1,0 +1,38 @@
+"""One exception family for everything that goes wrong between ranks.
+
+Messages always say who is speaking and about what: this rank and the world size, the collective and
+its sequence number, the algorithm and step, and the peer involved, e.g.
+``rank 3/8: all_reduce #42 (ring, step 5/14) timed out after 30s waiting for rank 2``.
+Bad arguments are not in this family: they raise the built-in ``ValueError``/``TypeError`` before
+anything is sent.
+"""
+
+from __future__ import annotations
+
+
+class AllreduceError(RuntimeError):
+    """Base of every communication error raised by ``allreduce``."""
+
+
+class CommTimeout(AllreduceError, TimeoutError):
+    """A wait passed its deadline: a peer is alive but did not take part in time."""
+
+
+class PeerLost(AllreduceError, ConnectionError):
+    """A peer's connection closed or reset: it died, or it aborted after an error of its own."""
+
+
+class Mismatch(AllreduceError):
+    """Peers called different collectives, or the same one with different arguments."""
+
+
+class ProtocolError(AllreduceError):
+    """A frame that is not valid for this protocol arrived (corrupt, foreign or hostile peer)."""
+
+
+class GroupBroken(AllreduceError):
+    """A previous collective failed; the group cannot be used again and must be re-created."""
+
+
+class RendezvousError(AllreduceError):
+    """The ranks could not find each other (store unreachable, bad init_method, wrong world size)."""

@@ -1,0 +1,94 @@
+"""Who am I? This process's rank, the world size and the store's address, read from its launcher.
+
+Each launcher announces a process's place in the job in environment variables of its own names.
+:func:`from_environment` reads the first family that is present (its rank or its size is set), in
+this order::
+
+    source   launcher                rank / world size             local rank / local size
+    env      torchrun, allreduce run RANK / WORLD_SIZE             LOCAL_RANK / LOCAL_WORLD_SIZE
+    openmpi  Open MPI's mpirun       OMPI_COMM_WORLD_RANK / _SIZE  OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE
+    pmi      MPICH, Intel MPI        PMI_RANK / PMI_SIZE           MPI_LOCALRANKID / MPI_LOCALNRANKS
+    slurm    srun                    SLURM_PROCID / SLURM_NTASKS   SLURM_LOCALID / SLURM_NTASKS_PER_NODE
+
+The store's address is MASTER_ADDR and MASTER_PORT whatever the launcher (torchrun sets them; under
+mpirun or srun, export them), defaulting to 127.0.0.1:29500; under Slurm a missing MASTER_ADDR falls
+back to the launch node's address. A variable that is absent leaves its field ``None`` for the
+caller to decide; one that is present but wrong is an error, because guessing would hang the job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+# source -> (rank, world size, local rank, local world size) variable names
+_FAMILIES = {
+    "env": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+}
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What the launcher told this process; ``None`` where it said nothing."""
+
+    rank: int | None  # this process's rank in the job
+    world_size: int | None  # processes in the job
+    local_rank: int | None  # rank among the processes on this host
+    local_world_size: int | None  # processes on this host
+    master_addr: str  # host of the rank-0 store
+    master_port: int  # port of the rank-0 store
+    source: str  # the variables read: "env", "openmpi", "pmi", "slurm", or "none"
+
+
+def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
+    """Read rank, world size, local rank and size, and the store address from ``env``.
+
+    Example: under ``torchrun --nproc-per-node 2``, the second process gets
+    ``LaunchInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1",
+    master_port=29500, source="env")``.
+
+    Raises:
+        ValueError: a variable is not an integer or out of range (e.g. RANK >= WORLD_SIZE); the
+            message names it.
+    """
+    source = next((name for name, names in _FAMILIES.items() if names[0] in env or names[1] in env), "none")
+    rank_var, size_var, local_rank_var, local_size_var = _FAMILIES.get(source, (None,) * 4)
+    rank = _integer(env, rank_var, 0)
+    world_size = _integer(env, size_var, 1)
+    local_rank = _integer(env, local_rank_var, 0)
+    local_world_size = _integer(env, local_size_var, 1)
+    _below(rank_var, rank, size_var, world_size)
+    _below(local_rank_var, local_rank, local_size_var, local_world_size)
+    slurm_addr = env.get("SLURM_LAUNCH_NODE_IPADDR") if source == "slurm" else None
+    master_addr = env.get("MASTER_ADDR") or slurm_addr or DEFAULT_MASTER_ADDR
+    master_port = _integer(env, "MASTER_PORT", 1)
+    if master_port is not None and master_port > 65535:
+        raise ValueError(f"MASTER_PORT={master_port} is not a port (1-65535)")
+    return LaunchInfo(rank, world_size, local_rank, local_world_size, master_addr,
+                      DEFAULT_MASTER_PORT if master_port is None else master_port, source)
+
+
+def _integer(env: Mapping[str, str], name: str | None, minimum: int) -> int | None:
+    raw = env.get(name) if name else None
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _below(name: str | None, value: int | None, limit_name: str | None, limit: int | None) -> None:
+    if value is not None and limit is not None and value >= limit:
+        raise ValueError(f"{name}={value} must be below {limit_name}={limit}")

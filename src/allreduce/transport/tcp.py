@@ -1,0 +1,294 @@
+"""TCP transport: one connection per pair of ranks, all progressed by a single poll loop.
+
+Links are set up once, when the group forms: every rank listens on the address it was given, publishes
+it in the store, connects to every lower rank and accepts every higher one. A short hello (magic, the
+group's tag, both ranks) proves that a connection belongs to this group; anything else is dropped.
+
+During a collective the sockets are non-blocking. :meth:`TcpTransport.exchange` pushes header and
+payload with one ``sendmsg`` and receives straight into the destination memoryview with ``recv_into``
+(no copies), sending and receiving at once so two peers exchanging large segments never deadlock on
+full socket buffers. It reads exactly the frames it expects: data from a peer that is already a step
+ahead waits in the kernel until its step comes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import select
+import socket
+import struct
+import time
+from collections import deque
+from itertools import islice
+
+from .. import wire
+from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError
+from .base import RecvSpec, SendSpec, Transport
+
+_HELLO = struct.Struct("<4sii16s")  # magic, sender rank, receiver rank, group tag digest
+_HELLO_MAGIC = b"ARHI"
+_ACK = b"\x06"
+_IOV_MAX = 64  # buffers per sendmsg call
+_POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+
+
+def _with_peer(exc: AllreduceError, peer: int) -> AllreduceError:
+    exc.peer = peer
+    return exc
+
+
+class _Link:
+    """The connection to one peer and the frames in flight on it during one exchange."""
+
+    __slots__ = ("peer", "sock", "fd", "out", "inq", "hdr", "hdr_view", "hdr_got", "got")
+
+    def __init__(self, peer: int, sock: socket.socket):
+        self.peer = peer
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.out: deque[memoryview] = deque()
+        self.inq: deque[RecvSpec] = deque()
+        self.hdr = bytearray(wire.HEADER_SIZE)
+        self.hdr_view = memoryview(self.hdr)
+        self.hdr_got = 0
+        self.got = 0
+
+    def lost(self, exc: BaseException | None = None) -> PeerLost:
+        why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
+        return _with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"), self.peer)
+
+    def send_some(self) -> None:
+        """Send until the socket is full or nothing is left."""
+        out = self.out
+        while out:
+            try:
+                n = self.sock.sendmsg(list(islice(out, _IOV_MAX)))
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                raise self.lost(exc) from exc
+            while n:
+                head = out[0]
+                if n >= head.nbytes:
+                    n -= head.nbytes
+                    out.popleft()
+                else:
+                    out[0] = head[n:]
+                    n = 0
+
+    def recv_some(self) -> None:
+        """Receive until the socket is empty or every expected frame has arrived."""
+        while self.inq:
+            spec = self.inq[0]
+            try:
+                if self.hdr_got < wire.HEADER_SIZE:
+                    n = self.sock.recv_into(self.hdr_view[self.hdr_got:])
+                    if not n:
+                        raise self.lost()
+                    self.hdr_got += n
+                    if self.hdr_got < wire.HEADER_SIZE:
+                        continue
+                    self._accept_header(spec)
+                size = spec.dest.nbytes
+                while self.got < size:
+                    n = self.sock.recv_into(spec.dest[self.got:])
+                    if not n:
+                        raise self.lost()
+                    self.got += n
+                    if spec.progress is not None:
+                        spec.progress(self.got)
+            except BlockingIOError:
+                return
+            except AllreduceError:
+                raise
+            except OSError as exc:
+                raise self.lost(exc) from exc
+            self.inq.popleft()
+            self.hdr_got = self.got = 0
+
+    def _accept_header(self, spec: RecvSpec) -> None:
+        try:
+            header = wire.decode(self.hdr)
+        except ProtocolError as exc:
+            raise _with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
+        if header.kind == wire.ABORT:
+            raise _with_peer(PeerLost(f"rank {self.peer} aborted: {self._read_abort_reason(header.nbytes)}"), self.peer)
+        try:
+            wire.check(spec.header, header)
+        except AllreduceError as exc:
+            raise _with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
+
+    def _read_abort_reason(self, nbytes: int) -> str:
+        self.sock.settimeout(1.0)
+        data = b""
+        try:
+            while len(data) < nbytes:
+                chunk = self.sock.recv(nbytes - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+        return data.decode("utf-8", "replace") or "no reason given"
+
+
+class TcpTransport(Transport):
+    """Full mesh of TCP links for one group; see the module docstring."""
+
+    def __init__(self, rank: int, size: int, links: dict[int, socket.socket]):
+        self.rank = rank
+        self.size = size
+        self._links = {peer: _Link(peer, sock) for peer, sock in links.items()}
+        for link in self._links.values():
+            link.sock.setblocking(False)
+
+    @classmethod
+    def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float) -> "TcpTransport":
+        """Form the mesh through ``store``: listen on ``host``, connect down, accept up.
+
+        Raises ``RendezvousError`` when a peer cannot be reached before ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        digest = hashlib.blake2b(tag.encode(), digest_size=16).digest()
+        listener = socket.create_server((host, 0), backlog=max(size, 16))
+        try:
+            store.set(f"tcp/{rank}", f"{host}:{listener.getsockname()[1]}".encode())
+            links = {}
+            for peer in range(rank):
+                links[peer] = _dial(store, rank, peer, digest, deadline)
+            while len(links) < size - 1:
+                peer, sock = _answer(listener, rank, size, digest, deadline)
+                if peer is not None and peer not in links:
+                    links[peer] = sock
+        finally:
+            listener.close()
+        return cls(rank, size, links)
+
+    def exchange(self, sends: list[SendSpec], recvs: list[RecvSpec], deadline: float,
+                 idle=None, idle_every: float = 1.0) -> None:
+        busy: dict[int, _Link] = {}
+        for spec in sends:
+            link = self._links[spec.peer]
+            link.out.append(memoryview(wire.encode(spec.header)))
+            if spec.payload.nbytes:
+                link.out.append(spec.payload)
+            busy[link.fd] = link
+        for spec in recvs:
+            link = self._links[spec.peer]
+            link.inq.append(spec)
+            busy[link.fd] = link
+        try:
+            self._progress(busy, deadline, idle, idle_every)
+        except BaseException:
+            for link in busy.values():
+                link.inq.clear()
+            raise
+
+    def _progress(self, busy: dict[int, _Link], deadline: float, idle, idle_every: float) -> None:
+        ready = list(busy.values())
+        poller = None
+        quiet_since = time.monotonic()
+        while True:
+            for link in ready:
+                if link.out:
+                    link.send_some()
+                if link.inq:
+                    link.recv_some()
+                if not (link.out or link.inq):
+                    del busy[link.fd]
+                    if poller is not None:
+                        poller.unregister(link.fd)
+            if not busy:
+                return
+            if poller is None:
+                poller = select.poll()
+            for fd, link in busy.items():
+                mask = (_POLLOUT if link.out else 0) | (_POLLIN if link.inq else 0)
+                poller.register(fd, mask)  # re-registering modifies
+            now = time.monotonic()
+            if now >= deadline:
+                raise self._timeout(busy)
+            if ready:
+                quiet_since = now
+            elif idle is not None and now - quiet_since >= idle_every:
+                idle()
+                quiet_since = now
+            wait = min(deadline - now, idle_every if idle is not None else 3600.0)
+            events = poller.poll(wait * 1000.0)
+            ready = [busy[fd] for fd, _ in events if fd in busy]
+
+    def _timeout(self, busy: dict[int, _Link]) -> CommTimeout:
+        waiting = [l for l in busy.values() if l.inq] or list(busy.values())
+        link = waiting[0]
+        what = "waiting for" if link.inq else "waiting to send to"
+        return _with_peer(CommTimeout(f"{what} rank {link.peer}"), link.peer)
+
+    def abort(self, reason: str) -> None:
+        frame = wire.abort_frame(reason)
+        for link in self._links.values():
+            if not link.out:  # only between frames; mid-frame the close itself says enough
+                try:
+                    link.sock.send(frame)
+                except OSError:
+                    pass
+            link.out.clear()
+        self.close()
+
+    def close(self) -> None:
+        for link in self._links.values():
+            try:
+                link.sock.close()
+            except OSError:
+                pass
+        self._links = {}
+
+
+def _dial(store, rank: int, peer: int, digest: bytes, deadline: float) -> socket.socket:
+    """Connect to a lower rank and introduce ourselves; retry until the deadline."""
+    address = store.get(f"tcp/{peer}", timeout=max(0.0, deadline - time.monotonic())).decode()
+    host, port = address.rsplit(":", 1)
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, peer, digest))
+            if sock.recv(1) == _ACK:
+                sock.settimeout(None)
+                return sock
+            sock.close()
+            last = "hello refused"
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RendezvousError(f"rank {rank} could not connect to rank {peer} at {address}: {last}")
+
+
+def _answer(listener: socket.socket, rank: int, size: int, digest: bytes, deadline: float):
+    """Accept one connection and check its hello; ``(None, None)`` for a stranger (dropped)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RendezvousError(f"rank {rank} timed out waiting for higher ranks to connect")
+    listener.settimeout(left)
+    try:
+        sock, _ = listener.accept()
+    except TimeoutError:
+        raise RendezvousError(f"rank {rank} timed out waiting for higher ranks to connect") from None
+    try:
+        sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
+        data = b""
+        while len(data) < _HELLO.size:
+            chunk = sock.recv(_HELLO.size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        magic, sender, receiver, their_digest = _HELLO.unpack(data)
+        if magic != _HELLO_MAGIC or receiver != rank or their_digest != digest or not rank < sender < size:
+            raise ValueError("not a peer of this group")
+        sock.sendall(_ACK)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        return sender, sock
+    except (OSError, ValueError, struct.error):
+        sock.close()
+        return None, None

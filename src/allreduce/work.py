@@ -1,0 +1,50 @@
+"""Handles for collectives started with ``async_op=True`` (torch.distributed's ``Work``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+
+class Work:
+    """A collective in flight: wait for it, poll it, or chain on its future.
+
+    Example (two ranks)::
+
+        work = dist.all_reduce(x, async_op=True)
+        compute_something_else()
+        work.wait()          # x now holds the sum on both ranks
+    """
+
+    def __init__(self, future: concurrent.futures.Future, what: str):
+        self._future = future
+        self._what = what
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the collective is done; re-raise its error. Returns ``True`` like torch.
+
+        Raises ``TimeoutError`` if ``timeout`` seconds pass first (the collective keeps running and
+        still fails on its own deadline if a peer never comes).
+        """
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"{self._what} did not complete within {timeout}s") from None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self._future.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The error the collective failed with, ``None`` while running or after success."""
+        return self._future.exception() if self._future.done() else None
+
+    def get_future(self) -> concurrent.futures.Future:
+        """A ``concurrent.futures.Future`` resolved when the collective completes."""
+        return self._future
+
+    def __repr__(self) -> str:
+        state = "done" if self._future.done() else "running"
+        return f"<Work {self._what} {state}>"

@@ -1,0 +1,102 @@
+"""Run a function on N freshly forked ranks joined in one group, and collect what each returned.
+
+``run_ranks(fn, n)`` forks ``n`` processes; each joins a group (``tcp://`` on a free loopback port),
+calls ``fn(rank, size)``, and sends back its return value or its exception. Nothing here can hang the
+suite: the parent kills every rank still alive at the deadline and reports which ones were stuck.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import time
+import traceback
+
+_CTX = mp.get_context("fork")
+
+
+class RankFailed(Exception):
+    """A rank raised; ``errors`` maps rank to (exception type name, message, traceback)."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        super().__init__("\n".join(f"rank {r}: {t}: {m}\n{tb}" for r, (t, m, tb) in sorted(errors.items())))
+
+
+class Hung(Exception):
+    """Some ranks did not finish before the harness deadline."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, size, port, results, timeout, init, env):
+    os.environ.update(env or {})
+    try:
+        import allreduce as dist
+
+        if init:
+            dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=timeout)
+        value = fn(rank, size)
+        if init and dist.is_initialized():
+            dist.destroy_process_group()
+        results.put((rank, "ok", value))
+    except BaseException as exc:  # reported to the parent, which decides
+        results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
+    finally:
+        results.close()
+        results.join_thread()
+
+
+def run_ranks(fn, size: int, timeout: float = 30.0, deadline: float = 120.0, init: bool = True,
+              env: dict | None = None, expect_errors: bool = False):
+    """Run ``fn(rank, size)`` on ``size`` ranks; return the list of results in rank order.
+
+    ``timeout`` is the group's collective timeout; ``deadline`` bounds the whole run. With
+    ``expect_errors`` the result list holds ``("error", type_name, message)`` tuples for ranks that
+    raised (and ``("killed", exitcode)`` for ranks that died) instead of raising :class:`RankFailed`.
+    """
+    port = free_port()
+    results = _CTX.Queue()
+    procs = [_CTX.Process(target=_child, args=(fn, r, size, port, results, timeout, init, env), daemon=True)
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    outcome: dict[int, tuple] = {}
+
+    end = time.monotonic() + deadline
+    while len(outcome) < size and time.monotonic() < end:
+        try:
+            rank, status, value = results.get(timeout=0.1)
+            outcome[rank] = (status, value)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+    for p in procs:
+        p.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
+    stuck = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+    if stuck:
+        raise Hung(f"ranks {stuck} of {size} did not finish within {deadline}s; finished: {sorted(outcome)}")
+    values = []
+    errors = {}
+    for r, p in enumerate(procs):
+        status, value = outcome.get(r, ("killed", p.exitcode))
+        if status == "ok":
+            values.append(value)
+        elif expect_errors:
+            values.append(("error", value[0], value[1]) if status == "error" else ("killed", value))
+        else:
+            errors[r] = value if status == "error" else ("killed", f"exit code {value}", "")
+    if errors:
+        raise RankFailed(errors)
+    return values

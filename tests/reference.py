@@ -1,0 +1,53 @@
+"""Inputs with exactly known results, and the numpy reference every collective is checked against.
+
+Inputs are small integers (in every dtype), so sums, products and averages are exact whatever order
+an algorithm combines them in: a mismatch is a real bug, never rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from allreduce.ops import ReduceOp
+
+
+def counts_for(size: int) -> list[int]:
+    """Counts that break naive code: empty, one, smaller than the world, primes, not divisible by it."""
+    return sorted({0, 1, 2, max(size - 1, 0), size, size + 1, 7, 13, 64, 1000})
+
+
+def make_input(dtype, count: int, rank: int, op: ReduceOp = ReduceOp.SUM, salt: int = 0) -> np.ndarray:
+    """Rank ``rank``'s deterministic input: any rank can rebuild any other rank's."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng([salt, rank, count, dtype.num, int(op)])
+    if dtype == np.bool_:
+        return rng.integers(0, 2, count).astype(bool)
+    if op is ReduceOp.PRODUCT:
+        values = rng.integers(1, 3, count)
+    elif dtype.kind == "u" or op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        values = rng.integers(0, 10, count)
+    else:
+        values = rng.integers(-4, 6, count)
+    if dtype.kind == "c":
+        return (values + 1j * rng.integers(-3, 4, count)).astype(dtype)
+    return values.astype(dtype)
+
+
+def reduced(op: ReduceOp, arrays: list[np.ndarray]) -> np.ndarray:
+    """``op`` over ``arrays`` element-wise, in the arrays' dtype (AVG = SUM / n, as the library does)."""
+    ufunc = {
+        ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum,
+        ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+        ReduceOp.BXOR: np.bitwise_xor,
+    }[op]
+    result = functools.reduce(lambda a, b: ufunc(a, b).astype(a.dtype), arrays).copy()
+    if op is ReduceOp.AVG and len(arrays) > 1:
+        np.divide(result, len(arrays), out=result, casting="unsafe")
+    return result
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and values (+0.0 and -0.0 are equal: a product's sign of zero depends on order)."""
+    return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))

@@ -1,0 +1,114 @@
+"""Every collective against the numpy reference, on real processes over TCP, world sizes 1 to 8.
+
+Each world size is one group of forked ranks that runs its whole matrix (dtype x op x count x
+algorithm x root) and returns the cases that went wrong, so process start-up is paid once per size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import run_ranks
+from reference import counts_for, make_input, reduced, same
+
+import allreduce as dist
+from allreduce import algorithms
+from allreduce.dtypes import SUPPORTED, bfloat16
+from allreduce.ops import ReduceOp, allowed_ops
+
+WORLD_SIZES = range(1, 9)
+FEW_DTYPES = [np.dtype(d) for d in ("float32", "int64", "uint8", "float16", "complex64", "bool")] + (
+    [bfloat16] if bfloat16 is not None else [])
+
+
+def _all_reduce_matrix(rank, size):
+    wrong = []
+    for dtype in SUPPORTED:
+        for op in sorted(allowed_ops(dtype)):
+            for count in counts_for(size):
+                for algo in algorithms.names("all_reduce"):
+                    inputs = [make_input(dtype, count, r, op) for r in range(size)]
+                    x = inputs[rank].copy()
+                    dist.all_reduce(x, op=op, algorithm=algo)
+                    if not same(x, reduced(op, inputs)):
+                        wrong.append(f"all_reduce {algo} {dtype} {op.name} count={count}")
+    return wrong
+
+
+def _rooted_matrix(rank, size):
+    wrong = []
+    roots = sorted({0, size - 1, size // 2})
+    for dtype in FEW_DTYPES:
+        op = ReduceOp.SUM if ReduceOp.SUM in allowed_ops(dtype) else ReduceOp.MAX
+        for count in counts_for(size):
+            for root in roots:
+                inputs = [make_input(dtype, count, r, op, salt=1) for r in range(size)]
+                for algo in algorithms.names("reduce"):
+                    x = inputs[rank].copy()
+                    dist.reduce(x, dst=root, op=op, algorithm=algo)
+                    expected = reduced(op, inputs) if rank == root else inputs[rank]
+                    if not same(x, expected):
+                        wrong.append(f"reduce {algo} {dtype} root={root} count={count}")
+                for algo in algorithms.names("broadcast"):
+                    x = inputs[rank].copy()
+                    dist.broadcast(x, src=root, algorithm=algo)
+                    if not same(x, inputs[root]):
+                        wrong.append(f"broadcast {algo} {dtype} root={root} count={count}")
+                gather_list = [np.empty(count, dtype) for _ in range(size)] if rank == root else None
+                dist.gather(inputs[rank], gather_list, dst=root)
+                if rank == root and not all(same(g, i) for g, i in zip(gather_list, inputs)):
+                    wrong.append(f"gather {dtype} root={root} count={count}")
+                blocks = [make_input(dtype, count, root * 100 + r, op, salt=2) for r in range(size)]
+                out = np.empty(count, dtype)
+                dist.scatter(out, blocks if rank == root else None, src=root)
+                if not same(out, blocks[rank]):
+                    wrong.append(f"scatter {dtype} root={root} count={count}")
+    return wrong
+
+
+def _block_matrix(rank, size):
+    wrong = []
+    for dtype in FEW_DTYPES:
+        ops = sorted(allowed_ops(dtype))
+        for count in counts_for(size):
+            mine = make_input(dtype, count, rank, salt=3)
+            gathered = np.empty(size * count, dtype)
+            dist.all_gather_into_tensor(gathered, mine)
+            expected = np.concatenate([make_input(dtype, count, r, salt=3) for r in range(size)])
+            if not same(gathered, expected):
+                wrong.append(f"all_gather_into_tensor {dtype} count={count}")
+            as_list = [np.empty(count, dtype) for _ in range(size)]
+            dist.all_gather(as_list, mine)
+            if not same(np.concatenate(as_list), expected):
+                wrong.append(f"all_gather {dtype} count={count}")
+            for op in ops:
+                inputs = [make_input(dtype, size * count, r, op, salt=4) for r in range(size)]
+                out = np.empty(count, dtype)
+                dist.reduce_scatter_tensor(out, inputs[rank], op=op)
+                if not same(out, reduced(op, inputs)[rank * count:(rank + 1) * count]):
+                    wrong.append(f"reduce_scatter_tensor {dtype} {op.name} count={count}")
+            sent = [make_input(dtype, size * count, r, salt=5) for r in range(size)]
+            got = np.empty(size * count, dtype)
+            dist.all_to_all_single(got, sent[rank])
+            expected = np.concatenate([sent[j][rank * count:(rank + 1) * count] for j in range(size)])
+            if not same(got, expected):
+                wrong.append(f"all_to_all_single {dtype} count={count}")
+    return wrong
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_all_reduce_every_dtype_op_count_algorithm(size):
+    wrong = run_ranks(_all_reduce_matrix, size, deadline=240)
+    assert wrong == [[]] * size
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_rooted_collectives(size):
+    wrong = run_ranks(_rooted_matrix, size, deadline=240)
+    assert wrong == [[]] * size
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_block_collectives(size):
+    wrong = run_ranks(_block_matrix, size, deadline=240)
+    assert wrong == [[]] * size
