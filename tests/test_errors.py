@@ -112,7 +112,8 @@ def test_absent_peer_times_out_with_stall_report():
     results = run_ranks(_one_rank_never_calls, 3, timeout=1.5, expect_errors=True)
     # the first rank to time out names the absent rank and aborts; the other hears its reason
     for message in results[:2]:
-        assert "all_reduce #1 (ring, step 1/4) timed out after 1.5s waiting for rank" in message, message
+        assert "all_reduce #1 (ring, step " in message, message
+        assert "timed out after 1.5s waiting for rank" in message, message
         assert "ranks that have not reached all_reduce #1: 2 (no collective yet)" in message, message
 
 

@@ -35,11 +35,15 @@ class Call:
     count: int  # the collective's count, as the schedule function received it
     root: int = 0  # root rank, or the tag of a send/recv
 
-    def header(self, step: int, nbytes: int) -> wire.Header:
-        return wire.Header(
-            wire.DATA, wire.COLLECTIVES.index(self.collective), code_of(self.dtype), int(self.op),
-            self.root, step, self.seq, self.count, nbytes,
-        )
+    def headers(self):
+        """A function ``(step, nbytes) -> Header`` for this call's frames."""
+        kind, collective, dtype, op = wire.DATA, wire.COLLECTIVES.index(self.collective), code_of(self.dtype), int(self.op)
+        root, seq, count, make = self.root, self.seq, self.count, wire.Header
+
+        def header(step: int, nbytes: int) -> wire.Header:
+            return make(kind, collective, dtype, op, root, step, seq, count, nbytes)
+
+        return header
 
 
 class Executor:
@@ -58,39 +62,35 @@ class Executor:
         re-worded to name the collective and the step. ``idle`` is handed to the transport.
         """
         deadline = time.monotonic() + timeout
-        buffers = dict(buffers, tmp=self._scratch_for(schedule.tmp, call.dtype))
+        arrays = dict(buffers, tmp=self._scratch_for(schedule.tmp, call.dtype))
+        raw = {name: memoryview(a.view(np.uint8)) for name, a in arrays.items()}
+        itemsize = call.dtype.itemsize
         ufunc = kernel(call.op)
-        nsteps = len(schedule.steps)
-        for index, step in enumerate(schedule.steps):
-            if not step:
-                continue
-            sends, recvs, staged, deferred = [], [], [], []
-            for op in step:
-                if isinstance(op, Copy):
-                    np.copyto(_view(buffers, op.dst), _view(buffers, op.src))
-            for op in step:
-                if isinstance(op, Send):
-                    payload = _bytes(buffers, op.src)
-                    sends.append(SendSpec(op.peer, call.header(index, payload.nbytes), payload))
-                elif isinstance(op, Recv):
-                    if op.reduce is None:
-                        dest = _bytes(buffers, op.dst)
-                        recvs.append(RecvSpec(op.peer, call.header(index, dest.nbytes), dest))
-                    else:
-                        reducer = _Reducer(ufunc, _view(buffers, op.reduce), _view(buffers, op.dst),
-                                           self._stage(len(staged), op.dst.count, call.dtype))
-                        # a second reduce into the same region waits for the exchange to end, so the
-                        # order of combination is the schedule's, not the network's: same bits every run
-                        later = any(op.dst.overlaps(other.dst) for other, _ in staged)
-                        staged.append((op, reducer))
-                        if later:
-                            deferred.append(reducer)
-                        recvs.append(RecvSpec(op.peer, call.header(index, reducer.dest.nbytes),
-                                              reducer.dest, None if later else reducer.progress))
+        header = call.headers()
+        steps = _plan(schedule)
+        for index, copies, sends, recvs in steps:
+            for src, dst in copies:
+                np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
+            send_specs = []
+            for peer, src in sends:
+                payload = raw[src.buf][src.start * itemsize:src.stop * itemsize]
+                send_specs.append(SendSpec(peer, header(index, payload.nbytes), payload))
+            recv_specs, deferred = [], []
+            for slot, (peer, dst, acc, later) in enumerate(recvs):
+                if acc is None:
+                    dest = raw[dst.buf][dst.start * itemsize:dst.stop * itemsize]
+                    recv_specs.append(RecvSpec(peer, header(index, dest.nbytes), dest))
+                    continue
+                reducer = _Reducer(ufunc, arrays[acc.buf][acc.start:acc.stop], arrays[dst.buf][dst.start:dst.stop],
+                                   self._stage(slot, dst.count, call.dtype))
+                if later:
+                    deferred.append(reducer)
+                recv_specs.append(RecvSpec(peer, header(index, reducer.dest.nbytes), reducer.dest,
+                                           None if later else reducer.progress))
             try:
-                self.transport.exchange(sends, recvs, deadline, idle, idle_every)
+                self.transport.exchange(send_specs, recv_specs, deadline, idle, idle_every)
             except AllreduceError as exc:
-                where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{nsteps})"
+                where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
                 if isinstance(exc, CommTimeout):
                     where += f" timed out after {timeout:g}s"
                 raise _reworded(exc, where) from exc
@@ -132,12 +132,37 @@ class _Reducer:
             self.done = ready
 
 
-def _view(buffers: dict[str, np.ndarray], r: Region) -> np.ndarray:
-    return buffers[r.buf][r.start:r.stop]
+_PLANS: dict[int, tuple] = {}
 
 
-def _bytes(buffers: dict[str, np.ndarray], r: Region) -> memoryview:
-    return memoryview(buffers[r.buf][r.start:r.stop].view(np.uint8))
+def _plan(schedule: Schedule) -> tuple:
+    """The schedule's non-empty steps as ``(index, copies, sends, receives)`` tuples, worked out once.
+
+    A receive is ``(peer, dst, reduce, later)``: ``later`` marks a second reduce into a region another
+    receive of the step reduces into; it is combined after the exchange, so the order of combination
+    is the schedule's, not the network's, and every run gives the same bits.
+    """
+    cached = _PLANS.get(id(schedule))
+    if cached is not None and cached[0] is schedule:
+        return cached[1]
+    steps = []
+    for index, step in enumerate(schedule.steps):
+        if not step:
+            continue
+        copies = tuple((op.src, op.dst) for op in step if isinstance(op, Copy))
+        sends = tuple((op.peer, op.src) for op in step if isinstance(op, Send))
+        recvs, reducing = [], []
+        for op in step:
+            if isinstance(op, Recv):
+                later = op.reduce is not None and any(op.dst.overlaps(other) for other in reducing)
+                if op.reduce is not None:
+                    reducing.append(op.dst)
+                recvs.append((op.peer, op.dst, op.reduce, later))
+        steps.append((index, copies, sends, tuple(recvs)))
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[id(schedule)] = (schedule, tuple(steps))
+    return _PLANS[id(schedule)][1]
 
 
 def _reworded(exc: AllreduceError, where: str) -> AllreduceError:

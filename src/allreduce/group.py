@@ -103,7 +103,8 @@ class ProcessGroup:
             finally:
                 with self._cv:
                     self._busy = False
-                    self._cv.notify_all()
+                    if self._queue:  # wake the progress thread only when it has work
+                        self._cv.notify_all()
             return None
         work = Work(future, f"rank {self.rank}/{self.size}: {call.collective} #{call.seq}")
         if async_op:

@@ -29,6 +29,7 @@ _HELLO = struct.Struct("<4sii16s")  # magic, sender rank, receiver rank, group t
 _HELLO_MAGIC = b"ARHI"
 _ACK = b"\x06"
 _IOV_MAX = 64  # buffers per sendmsg call
+_SMALL_FRAME = 1 << 16  # payloads up to this size are read together with their header
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
 
 
@@ -80,16 +81,22 @@ class _Link:
         """Receive until the socket is empty or every expected frame has arrived."""
         while self.inq:
             spec = self.inq[0]
+            size = spec.dest.nbytes
             try:
                 if self.hdr_got < wire.HEADER_SIZE:
-                    n = self.sock.recv_into(self.hdr_view[self.hdr_got:])
+                    if self.hdr_got == 0 and size <= _SMALL_FRAME:  # header and payload in one syscall
+                        n = self.sock.recvmsg_into([self.hdr_view, spec.dest])[0]
+                        self.got = max(0, n - wire.HEADER_SIZE)
+                    else:
+                        n = self.sock.recv_into(self.hdr_view[self.hdr_got:])
                     if not n:
                         raise self.lost()
-                    self.hdr_got += n
+                    self.hdr_got = min(wire.HEADER_SIZE, self.hdr_got + n)
                     if self.hdr_got < wire.HEADER_SIZE:
                         continue
                     self._accept_header(spec)
-                size = spec.dest.nbytes
+                    if self.got and spec.progress is not None:
+                        spec.progress(self.got)
                 while self.got < size:
                     n = self.sock.recv_into(spec.dest[self.got:])
                     if not n:
@@ -107,6 +114,8 @@ class _Link:
             self.hdr_got = self.got = 0
 
     def _accept_header(self, spec: RecvSpec) -> None:
+        if self.hdr == wire.encode(spec.header):
+            return
         try:
             header = wire.decode(self.hdr)
         except ProtocolError as exc:
