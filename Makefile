@@ -1,4 +1,5 @@
 # `make demo` and `make test` work on a fresh clone with only python3: they create .venv when missing.
+# torch==2.13.0 (the `torch` extra) is pinned: pip takes the CPU build, not gigabytes of CUDA.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,11 +10,12 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,torch]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/demo.py
+	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/train.py --epochs 3
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 4M -f 8 --iters 10 --warmup 2 --algorithm ring,tree
 
 test: $(STAMP)

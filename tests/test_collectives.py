@@ -54,15 +54,17 @@ def _rooted_matrix(rank, size):
                     dist.broadcast(x, src=root, algorithm=algo)
                     if not same(x, inputs[root]):
                         wrong.append(f"broadcast {algo} {dtype} root={root} count={count}")
-                gather_list = [np.empty(count, dtype) for _ in range(size)] if rank == root else None
-                dist.gather(inputs[rank], gather_list, dst=root)
-                if rank == root and not all(same(g, i) for g, i in zip(gather_list, inputs)):
-                    wrong.append(f"gather {dtype} root={root} count={count}")
+                for algo in algorithms.names("gather"):
+                    gather_list = [np.empty(count, dtype) for _ in range(size)] if rank == root else None
+                    dist.gather(inputs[rank], gather_list, dst=root, algorithm=algo)
+                    if rank == root and not all(same(g, i) for g, i in zip(gather_list, inputs)):
+                        wrong.append(f"gather {algo} {dtype} root={root} count={count}")
                 blocks = [make_input(dtype, count, root * 100 + r, op, salt=2) for r in range(size)]
-                out = np.empty(count, dtype)
-                dist.scatter(out, blocks if rank == root else None, src=root)
-                if not same(out, blocks[rank]):
-                    wrong.append(f"scatter {dtype} root={root} count={count}")
+                for algo in algorithms.names("scatter"):
+                    out = np.empty(count, dtype)
+                    dist.scatter(out, blocks if rank == root else None, src=root, algorithm=algo)
+                    if not same(out, blocks[rank]):
+                        wrong.append(f"scatter {algo} {dtype} root={root} count={count}")
     return wrong
 
 
@@ -72,27 +74,30 @@ def _block_matrix(rank, size):
         ops = sorted(allowed_ops(dtype))
         for count in counts_for(size):
             mine = make_input(dtype, count, rank, salt=3)
-            gathered = np.empty(size * count, dtype)
-            dist.all_gather_into_tensor(gathered, mine)
             expected = np.concatenate([make_input(dtype, count, r, salt=3) for r in range(size)])
-            if not same(gathered, expected):
-                wrong.append(f"all_gather_into_tensor {dtype} count={count}")
+            for algo in algorithms.names("all_gather"):
+                gathered = np.empty(size * count, dtype)
+                dist.all_gather_into_tensor(gathered, mine, algorithm=algo)
+                if not same(gathered, expected):
+                    wrong.append(f"all_gather_into_tensor {algo} {dtype} count={count}")
             as_list = [np.empty(count, dtype) for _ in range(size)]
             dist.all_gather(as_list, mine)
             if not same(np.concatenate(as_list), expected):
                 wrong.append(f"all_gather {dtype} count={count}")
             for op in ops:
                 inputs = [make_input(dtype, size * count, r, op, salt=4) for r in range(size)]
-                out = np.empty(count, dtype)
-                dist.reduce_scatter_tensor(out, inputs[rank], op=op)
-                if not same(out, reduced(op, inputs)[rank * count:(rank + 1) * count]):
-                    wrong.append(f"reduce_scatter_tensor {dtype} {op.name} count={count}")
+                for algo in algorithms.names("reduce_scatter"):
+                    out = np.empty(count, dtype)
+                    dist.reduce_scatter_tensor(out, inputs[rank], op=op, algorithm=algo)
+                    if not same(out, reduced(op, inputs)[rank * count:(rank + 1) * count]):
+                        wrong.append(f"reduce_scatter_tensor {algo} {dtype} {op.name} count={count}")
             sent = [make_input(dtype, size * count, r, salt=5) for r in range(size)]
-            got = np.empty(size * count, dtype)
-            dist.all_to_all_single(got, sent[rank])
             expected = np.concatenate([sent[j][rank * count:(rank + 1) * count] for j in range(size)])
-            if not same(got, expected):
-                wrong.append(f"all_to_all_single {dtype} count={count}")
+            for algo in algorithms.names("all_to_all"):
+                got = np.empty(size * count, dtype)
+                dist.all_to_all_single(got, sent[rank], algorithm=algo)
+                if not same(got, expected):
+                    wrong.append(f"all_to_all_single {algo} {dtype} count={count}")
     return wrong
 
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allreduce.rendezvous as rdv
+from allreduce import auth
 from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import FileStore, HashStore, TCPStore, from_environment, rendezvous
 from allreduce.rendezvous import storewire as wire
@@ -319,7 +320,11 @@ def test_one_client_shared_by_threads_does_not_serialize_blocking_gets(server):
 
 
 def raw(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
+    """A connection to the store past its handshake, for speaking the store's wire directly."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    auth.client_handshake(sock, auth.job_key(), b"store", time.monotonic() + 5)
+    sock.settimeout(5)
+    return sock
 
 
 @pytest.mark.parametrize("frames", [

@@ -12,20 +12,22 @@ The API mirrors torch.distributed on numpy arrays (and torch CPU tensors)::
 from . import algorithms, errors
 from .api import (
     NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single, barrier,
-    broadcast, destroy_process_group, gather, get_rank, get_world_size, init_process_group, irecv,
+    broadcast, destroy_process_group, gather, get_rank, get_topology, get_world_size, init_process_group, irecv,
     is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send,
 )
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
 from .group import ProcessGroup
 from .ops import ReduceOp
+from .topology import Topology
+from .transport.shmseg import empty
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
-    "ProtocolError", "ReduceOp", "RendezvousError", "Work", "algorithms", "all_gather", "all_gather_into_tensor",
-    "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier", "broadcast", "destroy_process_group",
-    "errors", "gather", "get_rank", "get_world_size", "init_process_group", "irecv", "is_initialized", "isend",
-    "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "ProtocolError", "ReduceOp", "RendezvousError", "Topology", "Work", "algorithms", "all_gather",
+    "all_gather_into_tensor", "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier", "broadcast",
+    "destroy_process_group", "empty", "errors", "gather", "get_rank", "get_topology", "get_world_size",
+    "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
 ]

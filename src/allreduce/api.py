@@ -20,11 +20,16 @@ from .buffers import as_array, flat
 from .group import ProcessGroup, finish_reduction
 from .ops import ReduceOp, check_op
 from . import rendezvous as _rdv
+from . import topology
+from .timeline import TimelineTransport
+from .transport import shm
+from .transport.routed import RoutedTransport
 from .transport.tcp import TcpTransport
 from .work import Work
 
 DEFAULT_TIMEOUT = 600.0  # seconds; torch's default for collectives
 BACKENDS = (None, "allreduce", "tcp")
+TRANSPORTS = ("auto", "shm", "tcp")  # values of ALLREDUCE_TRANSPORT
 _LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
 
 
@@ -109,6 +114,15 @@ def get_world_size(group=None) -> int:
     if isinstance(group, NonMember):
         return -1
     return _group(group).size
+
+
+def get_topology(group=None) -> topology.Topology:
+    """Where this rank sits among the hosts of ``group`` (default: the world).
+
+    Example (2 hosts x 2 ranks, on rank 3): ``Topology(rank=3, size=4, local_rank=1, local_size=2,
+    cross_rank=1, cross_size=2, hosts=((0, 1), (2, 3)))``.
+    """
+    return _group(group).topology
 
 
 def new_group(ranks=None, timeout=None):
@@ -360,8 +374,37 @@ def _seconds(timeout) -> float:
 
 
 def _form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int]) -> ProcessGroup:
-    transport = TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout)
-    return ProcessGroup(store, rank, size, transport, timeout, name, ranks)
+    topo = topology.discover(store, rank, size, timeout)
+    transport, intra = _connect(store, rank, size, topo, name, timeout)
+    if os.environ.get("ALLREDUCE_TIMELINE"):  # a Chrome trace per rank, written when the group closes
+        transport = TimelineTransport(transport, os.environ["ALLREDUCE_TIMELINE"], ranks[rank], name)
+    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra)
+
+
+def _connect(store, rank: int, size: int, topo: topology.Topology, name: str, timeout: float):
+    """``(transport, intra)``: shared memory among this host's ranks where the platform allows, TCP to
+    the others; ``ALLREDUCE_TRANSPORT=shm|tcp`` forces one. ``intra`` names the one used inside a host."""
+    choice = os.environ.get("ALLREDUCE_TRANSPORT") or "auto"
+    if choice not in TRANSPORTS:
+        raise ValueError(f"ALLREDUCE_TRANSPORT={choice!r} is not one of {', '.join(TRANSPORTS)}")
+    local = list(topo.local_ranks)
+    if choice == "shm" and (len(topo.hosts) > 1 or not shm.available()):
+        why = (f"this group spans {len(topo.hosts)} hosts" if len(topo.hosts) > 1
+               else "this platform lacks memfd, Unix seqpacket sockets or x86-64 memory ordering")
+        raise ValueError(f"ALLREDUCE_TRANSPORT=shm needs every rank on one host of a capable platform, but {why}; "
+                         "unset it to let each pair of ranks use what reaches it")
+    if choice == "tcp" or len(local) == 1 or not shm.available():
+        return TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout), "tcp"
+    near = shm.ShmTransport.connect(rank, size, store, name, timeout, local, shm.ShmOptions.from_env())
+    if len(local) == size:
+        return near, "shm"
+    try:
+        far = TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout)
+    except BaseException:
+        near.close()
+        raise
+    others = [r for r in range(size) if r not in local]
+    return RoutedTransport(rank, size, [(near, [r for r in local if r != rank]), (far, others)]), "shm"
 
 
 def _bind_host(store) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from allreduce import bench, launcher
+from allreduce import bench, launcher, plan, soak, tune
+from allreduce.sim import command as simulate
 
-COMMANDS = (launcher, bench)  # modules that each add one subcommand
+COMMANDS = (launcher, bench, tune, plan, simulate, soak)  # modules that each add one subcommand
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,7 +86,7 @@ class Executor:
                 if later:
                     deferred.append(reducer)
                 recv_specs.append(RecvSpec(peer, header(index, reducer.dest.nbytes), reducer.dest,
-                                           None if later else reducer.progress))
+                                           None if later else reducer.progress, reducer.absorb))
             try:
                 self.transport.exchange(send_specs, recv_specs, deadline, idle, idle_every)
             except AllreduceError as exc:
@@ -130,6 +130,13 @@ class _Reducer:
             a, b = self.done, ready
             self.ufunc(self.acc[a:b], self.stage[a:b], out=self.out[a:b])
             self.done = ready
+
+    def absorb(self, view: memoryview, offset: int) -> None:
+        """Combine incoming bytes straight from the transport's memory (no staging copy)."""
+        a = offset // self.itemsize
+        b = a + view.nbytes // self.itemsize
+        self.ufunc(self.acc[a:b], np.frombuffer(view, self.stage.dtype), out=self.out[a:b])
+        self.done = b
 
 
 _PLANS: dict[int, tuple] = {}

@@ -6,23 +6,33 @@ and every ``async_op=True`` call, goes through the group's progress thread, so t
 meanwhile. A small heartbeat thread publishes which collective this rank has reached, so that a rank
 that times out can say which ranks never arrived (the stall report).
 
-Any communication error breaks the group for good, as in NCCL: the peers are told why (ABORT frames),
-links are closed, and every later call raises :class:`GroupBroken` naming the first failure.
+Mismatched calls are caught by the fingerprint in every frame header (see :mod:`.wire`), or, where
+ranks wait on each other without a frame, by comparing the fingerprints they publish. The root of a
+broadcast or scatter receives nothing, so a root that disagreed with the others would return as if
+all were well: its collective therefore ends with one empty frame from the next rank, whose header
+the root checks (see :func:`_confirmed`).
+
+Any communication error breaks the group for good, as in NCCL: the peers are told why (ABORT frames,
+and the store under ``failed/{rank}``, for a peer that only sees the connection close), links are
+closed, and every later call raises :class:`GroupBroken` naming the first failure.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
+import os
 import threading
 
 import numpy as np
 
 from . import algorithms, planner
 from .algorithms.schedule import Recv, Region, Schedule, Send
-from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch
+from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost
 from .executor import Call, Executor
 from .ops import ReduceOp, finish as finish_op
+from .topology import Topology, from_host_ids
 from .transport import Transport
 from .work import Work
 
@@ -34,13 +44,18 @@ class ProcessGroup:
     """
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
-                 name: str = "default", ranks: list[int] | None = None):
+                 name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
+                 intra: str = "tcp"):
         self.store = store
         self.rank = rank
         self.size = size
         self.timeout = timeout
         self.name = name
         self.ranks = list(ranks) if ranks is not None else list(range(size))
+        self.topology = topology or from_host_ids(rank, [""] * size)  # which ranks share a host
+        self.intra = intra  # the transport between ranks of one host: "tcp" or "shm"
+        hosts = self.topology.hosts
+        self._hierarchical = len(hosts) > 1 and self.topology.uniform and len(hosts[0]) > 1
         self._executor = Executor(transport)
         self._cv = threading.Condition()
         self._queue: collections.deque = collections.deque()
@@ -51,6 +66,7 @@ class ProcessGroup:
         self._started: Call | None = None  # the last collective this rank began
         self._interval = min(1.0, timeout / 5)  # heartbeat period, and quiet time before inspecting peers
         self._p2p: collections.Counter = collections.Counter()
+        self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._progress_loop, name=f"allreduce-{name}-progress", daemon=True),
@@ -69,12 +85,25 @@ class ProcessGroup:
         ``after()`` runs once the schedule is done (copy-outs of list-shaped APIs); AVG's division is
         applied to ``result_buffer`` by the caller through ``after`` as well.
         """
-        name = planner.choose(collective, algorithm, count * dtype.itemsize, self.size)
-        schedule = algorithms.get(collective, name)(self.rank, self.size, count, root=root)
+        name = self._choose(collective, algorithm, count * dtype.itemsize, dtype)
+        options = {"hosts": self.topology.hosts} if name == "hierarchical" else {}
+        if collective in _SENDING_ROOT and self.size > 1:
+            schedule = _confirmed(collective, name, self.rank, self.size, count, root)
+        else:
+            schedule = algorithms.get(collective, name)(self.rank, self.size, count, root=root, **options)
         with self._cv:
             self._seq += 1
             call = Call(collective, self._seq, name, dtype, op, count, root)
         return self._submit(call, schedule, buffers, after, async_op)
+
+    def _choose(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
+        """The planner's choice, except that an automatic all-reduce over several hosts of several
+        ranks each is hierarchical (inside hosts, then across them, then inside again)."""
+        if (self._hierarchical and collective == "all_reduce" and algorithm in (None, "auto")
+                and os.environ.get("ALLREDUCE_ALGO", "auto") == "auto"):
+            return "hierarchical"
+        return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
+                              transport=self.intra)
 
     def point_to_point(self, buffer: np.ndarray, peer: int, tag: int, sending: bool, async_op: bool) -> Work | None:
         """``send`` (``sending=True``) or ``recv`` of ``buffer`` with ``peer``; matched in order per pair."""
@@ -165,11 +194,21 @@ class ProcessGroup:
         seq, _, what = self.store.get(key, timeout=1.0).decode().partition("|")
         return int(seq), what
 
+    def _peer_states(self) -> dict[int, tuple[int, str] | None]:
+        return {rank: self._peer_state(rank) for rank in range(self.size) if rank != self.rank}
+
     def _inspect(self, call: Call) -> None:
-        """While stuck in ``call``: raise :class:`Mismatch` if a peer is in a different collective #seq."""
+        """While stuck in ``call``: raise :class:`Mismatch` if a peer is in a different collective #seq.
+
+        What it saw is kept for the stall report, should the store be gone by the deadline.
+        """
+        try:
+            states = self._peer_states()
+        except Exception:  # no store, no verdict: the collective still ends at its deadline
+            return
+        self._seen = (call.seq, states)
         ours = _describe(call)
-        for rank in range(self.size):
-            state = self._peer_state(rank) if rank != self.rank else None
+        for rank, state in states.items():
             if state is not None and state[0] == call.seq and state[1] != ours:
                 raise Mismatch(f"rank {rank} called {state[1]} #{call.seq} while this rank called {ours} #{call.seq}")
 
@@ -180,22 +219,35 @@ class ProcessGroup:
         message = f"rank {self.rank}/{self.size}: {exc}"
         if isinstance(exc, CommTimeout):
             message += self._stall_report(call)
+        elif isinstance(exc, PeerLost) and " aborted: " not in message:
+            message += self._peer_failure(getattr(exc, "peer", None))
         error = type(exc)(message)
         error.peer = getattr(exc, "peer", None)
         self._broken = error
+        try:  # before the links close, so that a peer that sees them close can read why
+            self.store.set(f"failed/{self.rank}", message.encode()[:4096])
+        except Exception:  # the store may be gone too; the ABORT frames still carry the reason
+            pass
         self._executor.transport.abort(message)
         return error
 
+    def _peer_failure(self, peer: int | None) -> str:
+        """Why ``peer`` gave up, if it said so in the store: a closed link alone cannot tell."""
+        try:
+            if peer is None or not self.store.check([f"failed/{peer}"]):
+                return ""
+            return f"; rank {peer} had failed: " + self.store.get(f"failed/{peer}", timeout=1.0).decode(errors="replace")
+        except Exception:  # no store, no reason
+            return ""
+
     def _stall_report(self, call: Call) -> str:
         """Which ranks have not reached collective ``call.seq``, from their heartbeats in the store."""
+        try:
+            states = self._peer_states()
+        except Exception:  # the store is gone (its host may have failed first): the last inspection's view
+            states = self._seen[1] if self._seen[0] == call.seq else {}
         behind = []
-        for rank in range(self.size):
-            if rank == self.rank:
-                continue
-            try:
-                state = self._peer_state(rank)
-            except Exception:  # no store, no report
-                return ""
+        for rank, state in states.items():
             if state is None:
                 behind.append(f"{rank} (no collective yet)")
             elif state[0] < call.seq:
@@ -229,6 +281,28 @@ class ProcessGroup:
         with self._cv:
             self._closed = True
         self._executor.transport.close()
+
+
+_SENDING_ROOT = frozenset({"broadcast", "scatter"})  # collectives whose root only sends
+
+
+@functools.lru_cache(maxsize=1024)
+def _confirmed(collective: str, name: str, rank: int, size: int, count: int, root: int) -> Schedule:
+    """The algorithm's schedule plus a last step: an empty frame from the rank after ``root`` to ``root``.
+
+    Its header carries the sender's fingerprint, so a root whose src, collective, count or dtype
+    differs from the others' hears of it in this collective instead of never. Cached, so that a
+    repeated call gets the same schedule object (the executor caches its plan by schedule).
+    """
+    schedule = algorithms.get(collective, name)(rank, size, count, root=root)
+    nothing = Region("tmp", 0, 0)
+    if rank == root:
+        last = (Recv((root + 1) % size, nothing),)
+    elif rank == (root + 1) % size:
+        last = (Send(root, nothing),)
+    else:
+        return schedule
+    return Schedule(schedule.steps + (last,), schedule.tmp)
 
 
 def _describe(call: Call) -> str:

@@ -5,12 +5,15 @@ environment, so a scheduler can set a whole job up without touching the command 
 
 Each worker is an ordinary process with the rendezvous environment set (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``ALLREDUCE_JOB_ID``), which ``init_process_group()`` reads, and stdin from /dev/null. Workers start in
-their own session, so a Ctrl-C in the terminal reaches only the launcher, which decides what they get: it
-forwards SIGINT/SIGTERM to each worker's whole process group, waits a grace period, then kills what is
-left. A job is all or nothing: the first worker to fail stops the others, because its peers would only
-block until their own timeouts. The exit status is the failed worker's (``128 + signal`` when a signal
-killed it), 130/143 when the launcher itself was interrupted, and 0 when every worker exited 0.
+``ALLREDUCE_JOB_ID``), which ``init_process_group()`` reads, and stdin from /dev/null. Unless the user
+set ``ALLREDUCE_SECRET``, a single-node job gets a fresh random one, with which every connection of the
+job authenticates (:mod:`allreduce.auth`); the nodes of a multi-node job must share one the user sets.
+Workers start in their own session, so a Ctrl-C in the terminal reaches only the launcher, which
+decides what they get: it forwards SIGINT/SIGTERM to each worker's whole process group, waits a grace
+period, then kills what is left. A job is all or nothing: the first worker to fail stops the others,
+because its peers would only block until their own timeouts. The exit status is the failed worker's
+(``128 + signal`` when a signal killed it), 130/143 when the launcher itself was interrupted, and 0
+when every worker exited 0.
 
 With output tagging on, a reader thread per pipe copies each line to our stdout or stderr behind a
 ``[rank] `` prefix, whole lines under one lock, so lines from different ranks never interleave.
@@ -114,13 +117,14 @@ def launch(config: LaunchConfig, cmd: list[str]) -> int:
     master_addr = config.master_addr or "127.0.0.1"
     master_port = config.master_port if config.master_port is not None else free_port()
     job_id = secrets.token_hex(8)
+    secret = _job_secret(config)
     job = _Job(config)
     with _signals_forwarded_to(job):
         try:
             try:
                 for local_rank in range(config.nproc):
                     env = worker_env(config, local_rank, master_addr, master_port, job_id)
-                    job.start(local_rank, cmd, {**os.environ, **env})
+                    job.start(local_rank, cmd, {**os.environ, **env, **secret})
             except OSError as exc:
                 _say(f"cannot start {cmd[0]!r}: {exc.strerror or exc}")
                 job.stop(signal.SIGTERM)
@@ -128,6 +132,17 @@ def launch(config: LaunchConfig, cmd: list[str]) -> int:
             return job.wait()
         finally:
             job.reap()  # whatever happened, nothing of the job outlives the launcher
+
+
+def _job_secret(config: LaunchConfig) -> dict[str, str]:
+    """``ALLREDUCE_SECRET`` for the workers: a fresh one for a single node unless the user set it."""
+    if os.environ.get("ALLREDUCE_SECRET"):
+        return {}
+    if config.nnodes == 1:
+        return {"ALLREDUCE_SECRET": secrets.token_hex(32)}
+    _say("ALLREDUCE_SECRET is not set: connections are only checked for group membership, not "
+         "authenticated; export the same secret on every node")
+    return {}
 
 
 class _Job:

@@ -1,28 +1,54 @@
 """Chooses the algorithm for a collective when the caller says ``"auto"``.
 
-The rule is the classic one: latency-bound sizes take the algorithm with the fewest message rounds,
-bandwidth-bound sizes the ring, which puts the fewest bytes on each link. ``ALLREDUCE_ALGO`` overrides
-the choice for the whole job wherever the named algorithm exists for the collective.
+"auto" takes the registered algorithm with the smallest predicted time on this machine's cost profile
+(:mod:`allreduce.costmodel`: measured by ``allreduce tune``, else built-in defaults) for the message
+size, world size and number of hosts.
+Algorithms without a cost formula are not candidates; a collective with none keeps its default.
+``ALLREDUCE_ALGO`` overrides the choice for the whole job wherever the named algorithm exists for the
+collective. ``allreduce plan`` prints the predictions behind a choice.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
-from . import algorithms
+import numpy as np
 
-SMALL_ALL_REDUCE = 32 << 10  # bytes; below this the round count, not the volume, decides
+from . import algorithms, costmodel
+from .sim import SPLIT
 
 
-def choose(collective: str, requested: str | None, nbytes: int, size: int) -> str:
-    """The registered algorithm to run; ``ValueError`` (listing the choices) for an unknown name."""
+def choose(collective: str, requested: str | None, nbytes: int, size: int, *, hosts: int = 1,
+           dtype=None, transport: str = "tcp") -> str:
+    """The registered algorithm to run.
+
+    Args:
+        collective: a registry collective.
+        requested: an algorithm name, ``"auto"`` or ``None`` (auto).
+        nbytes: ``count * itemsize`` as the schedule counts it (per rank's block for all_gather,
+            reduce_scatter, all_to_all, gather and scatter).
+        size: ranks in the group.
+        hosts: hosts the group spans.
+        dtype: element type (its reduction speed matters), default float32.
+        transport: the transport between ranks of one host.
+
+    Raises:
+        ValueError: an unknown algorithm name (listing the choices), or an unreadable cost profile.
+    """
     name = requested or "auto"
-    if name == "auto":
-        forced = os.environ.get("ALLREDUCE_ALGO", "auto")
-        if forced != "auto" and forced in algorithms.names(collective):
-            return forced
-        if collective == "all_reduce":
-            return "reduce_bcast" if nbytes <= SMALL_ALL_REDUCE else "ring"
-        return algorithms.DEFAULTS[collective]
-    algorithms.get(collective, name)  # raises with the list of names
-    return name
+    if name != "auto":
+        algorithms.get(collective, name)  # raises with the list of names
+        return name
+    forced = os.environ.get("ALLREDUCE_ALGO", "auto")
+    if forced != "auto" and forced in algorithms.names(collective):
+        return forced
+    dtype = np.dtype(dtype or np.float32)
+    whole = nbytes * size if collective in SPLIT else nbytes
+    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load())
+
+
+@functools.lru_cache(maxsize=4096)
+def _best(collective: str, nbytes: int, size: int, hosts: int, dtype: str, itemsize: int, transport: str,
+          profile: costmodel.Profile) -> str:
+    return costmodel.best(collective, nbytes, size, profile.network(hosts, dtype, transport), itemsize)

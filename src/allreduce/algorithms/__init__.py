@@ -3,25 +3,62 @@
 Every entry is a pure function ``fn(rank, size, count, *, root=0, **options) -> Schedule`` (see
 ``schedule.py`` for what ``count`` means per collective); options are keyword-only with defaults, so
 an unknown one raises ``TypeError``. ``verify.py`` checks any entry symbolically, without processes.
+
+Every entry also has a price, :data:`COSTS`: ``cost(n, m, alpha, beta, gamma) -> seconds`` on ``n``
+ranks, with ``alpha`` seconds per message, ``beta`` per byte sent and ``gamma`` per byte reduced, and
+``m`` the bytes nccl-tests would report for the call: the tensor (all_reduce, reduce, broadcast), the
+whole gathered or reduced-input buffer (all_gather, reduce_scatter, gather, scatter: ``n`` blocks),
+one rank's buffer (all_to_all); barrier ignores it. Pipelined algorithms are priced at their best
+chunk count; their ``cost`` takes ``chunk_bytes=`` to price a fixed chunk instead.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import binomial, chain, dissemination, pairwise, ring, tree
+from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, pairwise, rabenseifner,
+               recursive_doubling, recursive_halving, ring, tree)
 
-_REGISTRY = MappingProxyType({
-    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "reduce_bcast": binomial.all_reduce},
-    "reduce": {"binomial": binomial.reduce},
-    "broadcast": {"binomial": binomial.broadcast, "pipeline": chain.broadcast},
-    "all_gather": {"ring": ring.all_gather},
-    "reduce_scatter": {"ring": ring.reduce_scatter},
-    "all_to_all": {"pairwise": pairwise.all_to_all},
-    "gather": {"binomial": binomial.gather},
-    "scatter": {"binomial": binomial.scatter},
-    "barrier": {"dissemination": dissemination.barrier},
-})
+# collective -> algorithm name -> (schedule function, cost function)
+_ENTRIES = {
+    "all_reduce": {
+        "ring": (ring.all_reduce, ring.all_reduce_cost),
+        "tree": (tree.all_reduce, tree.all_reduce_cost),
+        "reduce_bcast": (binomial.all_reduce, binomial.all_reduce_cost),
+        "recursive_doubling": (recursive_doubling.all_reduce, recursive_doubling.all_reduce_cost),
+        "rabenseifner": (rabenseifner.all_reduce, rabenseifner.all_reduce_cost),
+        "double_tree": (double_tree.all_reduce, double_tree.all_reduce_cost),
+        "direct": (direct.all_reduce, direct.all_reduce_cost),
+        "hierarchical": (hierarchical.all_reduce, hierarchical.all_reduce_cost),
+    },
+    "reduce": {"binomial": (binomial.reduce, binomial.reduce_cost)},
+    "broadcast": {
+        "binomial": (binomial.broadcast, binomial.broadcast_cost),
+        "pipeline": (chain.broadcast, chain.broadcast_cost),
+    },
+    "all_gather": {
+        "ring": (ring.all_gather, ring.all_gather_cost),
+        "bruck": (bruck.all_gather, bruck.all_gather_cost),
+        "direct": (direct.all_gather, direct.all_gather_cost),
+    },
+    "reduce_scatter": {
+        "ring": (ring.reduce_scatter, ring.reduce_scatter_cost),
+        "recursive_halving": (recursive_halving.reduce_scatter, recursive_halving.reduce_scatter_cost),
+        "direct": (direct.reduce_scatter, direct.reduce_scatter_cost),
+    },
+    "all_to_all": {
+        "pairwise": (pairwise.all_to_all, pairwise.all_to_all_cost),
+        "bruck": (bruck.all_to_all, bruck.all_to_all_cost),
+    },
+    "gather": {"binomial": (binomial.gather, binomial.gather_cost)},
+    "scatter": {"binomial": (binomial.scatter, binomial.scatter_cost)},
+    "barrier": {"dissemination": (dissemination.barrier, dissemination.barrier_cost)},
+}
+
+_REGISTRY = MappingProxyType({c: {name: fn for name, (fn, _) in algos.items()} for c, algos in _ENTRIES.items()})
+
+COSTS = MappingProxyType({(c, name): cost for c, algos in _ENTRIES.items() for name, (_, cost) in algos.items()})
+"""``COSTS[(collective, name)](n, m, alpha, beta, gamma)``: predicted seconds (see the module docstring)."""
 
 COLLECTIVES: tuple[str, ...] = tuple(_REGISTRY)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .cost import log2_ceil
 from .schedule import Copy, Recv, Region, Schedule, Send, check_call, without_empty
 
 
@@ -196,3 +197,28 @@ def scatter(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
             parts = _split(child, child + _span(child, size), root, size, v == 0)
             steps[s] += [Send((child + root) % size, held(lo, hi)) for lo, hi in parts]
     return Schedule(without_empty(steps), tmp=span * count if v and span > 1 else 0)
+
+
+def reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`reduce` on ``n`` ranks for ``m`` bytes (see the module docstring)."""
+    return log2_ceil(n) * (alpha + m * beta + m * gamma)
+
+
+def broadcast_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`broadcast` on ``n`` ranks for ``m`` bytes."""
+    return log2_ceil(n) * (alpha + m * beta)
+
+
+def all_reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`all_reduce` on ``n`` ranks for ``m`` bytes."""
+    return log2_ceil(n) * (2 * alpha + 2 * m * beta + m * gamma)
+
+
+def gather_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`gather` on ``n`` ranks, ``m`` bytes gathered in all (``m / n`` per block)."""
+    return log2_ceil(n) * alpha + (n - 1) / n * m * beta
+
+
+def scatter_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`scatter` on ``n`` ranks, ``m`` bytes scattered in all (``m / n`` per block)."""
+    return log2_ceil(n) * alpha + (n - 1) / n * m * beta

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .cost import chunks_of, pipelined
 from .schedule import Recv, Schedule, Send, check_call, pipeline_bounds, region, without_empty
 
 DEFAULT_CHUNK = 1 << 16  # elements per pipeline chunk
@@ -48,3 +49,15 @@ def broadcast(rank: int, size: int, count: int, *, root: int = 0, chunk: int = D
             ops.append(Send(succ, region("data", bounds, t - v)))
         steps.append(ops)
     return Schedule(without_empty(steps))
+
+
+def broadcast_cost(n: int, m: float, alpha: float, beta: float, gamma: float, *,
+                   chunk_bytes: float | None = None) -> float:
+    """Predicted seconds of :func:`broadcast` on ``n`` ranks for ``m`` bytes (see the module docstring).
+
+    ``chunk_bytes`` fixes the pipeline chunk (``DEFAULT_CHUNK`` times the item size is what runs by
+    default); ``None`` prices the best chunk count.
+    """
+    if n == 1:
+        return 0.0
+    return pipelined(n - 2, alpha, m * beta, (n - 2) * m * beta, chunks_of(m, chunk_bytes))

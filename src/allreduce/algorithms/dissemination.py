@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .cost import log2_ceil
 from .schedule import Recv, Region, Schedule, Send, check_call
 
 TOKEN_OUT, TOKEN_IN = Region("tmp", 0, 1), Region("tmp", 1, 2)
@@ -32,3 +33,8 @@ def barrier(rank: int, size: int, count: int = 0, *, root: int = 0) -> Schedule:
     distances = [1 << k for k in range((size - 1).bit_length())]
     steps = tuple((Send((rank + d) % size, TOKEN_OUT), Recv((rank - d) % size, TOKEN_IN)) for d in distances)
     return Schedule(steps, tmp=2 if steps else 0)
+
+
+def barrier_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`barrier` on ``n`` ranks (``m`` is ignored)."""
+    return log2_ceil(n) * alpha

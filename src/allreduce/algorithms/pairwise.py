@@ -40,3 +40,8 @@ def all_to_all(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     steps = [[Send(to, block("data", to)), Recv(frm, block("out", frm))] for to, frm in peers] or [[]]
     steps[0].insert(0, Copy(block("data", rank), block("out", rank)))
     return Schedule(without_empty(steps))
+
+
+def all_to_all_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`all_to_all` on ``n`` ranks, ``m`` bytes in each rank's buffer."""
+    return (n - 1) * (alpha + m / n * beta)

@@ -120,3 +120,18 @@ def all_gather(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     for step, (out, into) in zip(steps, _all_gather_chunks(rank, size)):
         step += [Send(right, _block("out", count, out)), Recv(left, _block("out", count, into))]
     return Schedule(without_empty(steps))
+
+
+def all_reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`all_reduce` on ``n`` ranks for ``m`` bytes (see the module docstring)."""
+    return 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
+
+
+def reduce_scatter_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`reduce_scatter` on ``n`` ranks, ``m`` bytes of input on each."""
+    return (n - 1) * alpha + (n - 1) / n * m * (beta + gamma)
+
+
+def all_gather_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
+    """Predicted seconds of :func:`all_gather` on ``n`` ranks, ``m`` bytes gathered in all."""
+    return (n - 1) * alpha + (n - 1) / n * m * beta

@@ -12,7 +12,9 @@ gets a :class:`CommTimeout` naming the keys.
 :class:`_StoreServer`, one daemon thread that serves every client through a selector (a parked get
 costs no thread), and connects to it like every other rank. A client keeps a small
 pool of connections, one per request in flight, so threads that share a store never queue behind
-each other's blocking get.
+each other's blocking get. Every connection starts with the mutual challenge-response of
+:mod:`allreduce.auth` over the job's secret; the server reads nothing else from a client until it has
+passed, holds at most a few dozen bytes for it meanwhile, and closes it if it fails or is too slow.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
+from allreduce import auth
 from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
 
@@ -33,6 +36,8 @@ DEFAULT_TIMEOUT = 300.0  # seconds a get or wait waits when the call gives no ti
 _CHUNK = 1 << 16  # bytes per recv
 _MAX_QUEUED = 64  # requests a client may send ahead of their answers before the server drops it
 _BACKLOG = 128  # listen backlog; at least the world size
+_HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secret
+_CONTEXT = b"store"  # what a store connection's handshake proves itself for
 
 
 def apply_request(data: dict[str, bytes], request: wire.Request) -> wire.Response | None:
@@ -301,6 +306,7 @@ class TCPStore(Store):
         self.port = self._server.port if self._server else port
         self._idle: list[_Link] = []
         self._idle_lock = threading.Lock()
+        self._reached = False  # a connection succeeded once: a refusal now means the server is gone
         try:
             self._idle.append(self._connect())
         except BaseException:
@@ -346,6 +352,9 @@ class TCPStore(Store):
                 sock = socket.create_connection(address, timeout=max(due - time.monotonic(), 0.05))
                 break
             except OSError as exc:
+                if self._reached and isinstance(exc, ConnectionRefusedError):
+                    raise PeerLost(f"the store at {where} is gone (connection refused): the rank that "
+                                   f"hosted it exited") from exc
                 remaining = due - time.monotonic()
                 if remaining <= 0:
                     raise RendezvousError(
@@ -356,24 +365,31 @@ class TCPStore(Store):
                 pause = min(pause * 2, 1.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._handshake(sock)
+        self._reached = True
         return _Link(sock, where)
 
     def _handshake(self, sock: socket.socket) -> None:
-        """Authenticate a new connection before its first request: the hook for a shared-secret
-        handshake, which will meet its server half in :meth:`_StoreServer._accept`. Nothing yet."""
+        """Prove to the server that this process knows the job's secret and check that it does too,
+        before the first request; the server's half starts in :meth:`_StoreServer._accept`."""
+        try:
+            auth.client_handshake(sock, auth.job_key(), _CONTEXT, time.monotonic() + self.timeout)
+        except (OSError, ProtocolError) as exc:
+            sock.close()
+            raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc
 
 
 class _Peer:
     """The server's state for one client: its decoder, requests not yet answered, unsent output."""
 
-    __slots__ = ("sock", "decoder", "queue", "current", "due", "out", "writing")
+    __slots__ = ("sock", "auth", "decoder", "queue", "current", "due", "out", "writing")
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, responder: auth.Responder):
         self.sock = sock
+        self.auth: auth.Responder | None = responder  # the handshake, until the client has passed it
         self.decoder = wire.RequestDecoder()
         self.queue: collections.deque = collections.deque()  # decoded, not yet started
         self.current: wire.Request | None = None  # the request being answered (maybe parked)
-        self.due = 0.0  # when ``current`` times out
+        self.due = time.monotonic() + _HANDSHAKE_S  # when ``current`` (first: the handshake) times out
         self.out: collections.deque[memoryview] = collections.deque()  # encoded answers not yet sent
         self.writing = False  # registered for EVENT_WRITE
 
@@ -396,6 +412,9 @@ class _StoreServer:
             raise RendezvousError(f"cannot host the store at {host}:{port} ({exc}); use an address of this "
                                   f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
         self.port = self._listener.getsockname()[1]
+        self._key = auth.job_key()
+        self._max_strangers = 2 * backlog  # clients mid-handshake at once; more are closed at once
+        auth.warn_if_exposed(host)
         self._listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
@@ -437,7 +456,7 @@ class _StoreServer:
             self._wake_r.close()
 
     def _next_timeout(self) -> float | None:
-        parked = [peer.due for peer in self._peers if peer.current is not None]
+        parked = [peer.due for peer in self._peers if peer.current is not None or peer.auth is not None]
         return max(min(parked) - time.monotonic(), 0.0) if parked else None
 
     def _accept(self) -> None:
@@ -446,24 +465,44 @@ class _StoreServer:
                 sock, _ = self._listener.accept()
             except OSError:  # BlockingIOError when no one else is waiting
                 return
+            if sum(peer.auth is not None for peer in self._peers) >= self._max_strangers:
+                sock.close()  # a flood of connections that do not authenticate: refuse, don't pile up
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # The authentication handshake (see TCPStore._handshake) will run here, before the
-            # client's frames reach its RequestDecoder.
-            peer = _Peer(sock)
+            # The handshake (see TCPStore._handshake): challenge now; the response arrives in _receive,
+            # and no byte reaches the client's RequestDecoder before it has passed.
+            peer = _Peer(sock, auth.Responder(self._key, _CONTEXT))
             self._peers.add(peer)
             self._selector.register(sock, selectors.EVENT_READ, peer)
+            peer.out.append(memoryview(peer.auth.greeting))
+            self._flush(peer)
 
     def _receive(self, peer: _Peer) -> None:
         try:
             data = peer.sock.recv(_CHUNK)
-            peer.queue.extend(peer.decoder.feed(data))
+            peer.queue.extend(peer.decoder.feed(data if peer.auth is None else self._authenticate(peer, data)))
         except BlockingIOError:
             return
         except (OSError, ProtocolError):
             data = b""
         if not data or len(peer.queue) > _MAX_QUEUED:
             self._drop(peer)
+
+    def _authenticate(self, peer: _Peer, data: bytes) -> bytes:
+        """Feed the handshake; once the response is in, answer it and return what followed it.
+
+        Raises:
+            AuthError: the response was wrong (the refusal is sent; the caller drops the peer).
+        """
+        reply, rest = peer.auth.feed(data)
+        if reply is not None:
+            peer.out.append(memoryview(reply))
+            self._flush(peer)
+            if not peer.auth.passed:
+                raise auth.AuthError("a client failed the handshake")
+            peer.auth = None
+        return rest
 
     def _advance_all(self) -> None:
         changed = True
@@ -474,6 +513,10 @@ class _StoreServer:
 
     def _advance(self, peer: _Peer) -> bool:
         """Answer what ``peer`` asked, in order, as far as possible; return whether the data changed."""
+        if peer.auth is not None:  # still proving itself: nothing to answer, and dropped once late
+            if time.monotonic() >= peer.due:
+                self._drop(peer)
+            return False
         changed = False
         while peer in self._peers and not peer.out:
             if peer.current is None:

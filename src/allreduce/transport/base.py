@@ -23,12 +23,19 @@ class RecvSpec:
 
     ``progress(nbytes)``, when set, is called as the payload arrives with the number of bytes received
     so far, so the caller can reduce what has landed while the rest is still on the wire.
+
+    ``absorb(view, offset)``, when set, lets a transport that holds the incoming bytes in memory the
+    receiver can read (shared memory) hand them over in place instead of copying them into ``dest``:
+    ``view`` is bytes ``[offset, offset + len(view))`` of the payload, valid only during the call, and
+    ``dest``/``progress`` are then not used for those bytes. Receives that have ``absorb`` are completed
+    in list order, so their combination order is the schedule's.
     """
 
     peer: int
     header: Header
     dest: memoryview
     progress: Optional[Callable[[int], None]] = None
+    absorb: Optional[Callable[[memoryview, int], None]] = None
 
 
 class Transport:

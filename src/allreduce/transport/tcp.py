@@ -2,7 +2,12 @@
 
 Links are set up once, when the group forms: every rank listens on the address it was given, publishes
 it in the store, connects to every lower rank and accepts every higher one. A short hello (magic, the
-group's tag, both ranks) proves that a connection belongs to this group; anything else is dropped.
+group's tag, both ranks) says which link a connection is meant to be, and the mutual challenge-response
+of :mod:`..auth`, bound to that hello, proves that both ends know the job's secret; any other
+connection is closed at once and the group forms without it. Links use TCP keepalive, so a link that
+dies silently (cable, switch) while a rank waits on it errors within about ten seconds rather than
+only at the collective's deadline. (Not ``TCP_USER_TIMEOUT``: it would also cut the link to a peer
+that is alive but busy, whose full receive buffer holds our data unacknowledged.)
 
 During a collective the sockets are non-blocking. :meth:`TcpTransport.exchange` pushes header and
 payload with one ``sendmsg`` and receives straight into the destination memoryview with ``recv_into``
@@ -21,13 +26,15 @@ import time
 from collections import deque
 from itertools import islice
 
-from .. import wire
+from .. import auth, wire
 from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError
 from .base import RecvSpec, SendSpec, Transport
 
 _HELLO = struct.Struct("<4sii16s")  # magic, sender rank, receiver rank, group tag digest
 _HELLO_MAGIC = b"ARHI"
-_ACK = b"\x06"
+_STRANGER_S = 5.0  # seconds a connection may take over its hello and handshake before it is dropped
+_PROBE_S = 0.5  # quiet seconds while forming the mesh before checking that the missing ranks still listen
+_KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}  # idle s, s between probes, probes
 _IOV_MAX = 64  # buffers per sendmsg call
 _SMALL_FRAME = 1 << 16  # payloads up to this size are read together with their header
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
@@ -155,20 +162,38 @@ class TcpTransport(Transport):
     def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float) -> "TcpTransport":
         """Form the mesh through ``store``: listen on ``host``, connect down, accept up.
 
-        Raises ``RendezvousError`` when a peer cannot be reached before ``timeout`` seconds.
+        A rank dials every lower rank before it accepts anyone, and listens until every higher rank
+        has connected; so a missing higher rank whose listener refuses is gone, and waiting for it
+        (checked after each quiet ``_PROBE_S``) would only delay the error.
+
+        Raises ``RendezvousError`` when a peer cannot be reached before ``timeout`` seconds,
+        ``PeerLost`` as soon as one is known to have died.
         """
         deadline = time.monotonic() + timeout
         digest = hashlib.blake2b(tag.encode(), digest_size=16).digest()
+        key = auth.job_key()
+        auth.warn_if_exposed(host)
         listener = socket.create_server((host, 0), backlog=max(size, 16))
+        links: dict[int, socket.socket] = {}
         try:
             store.set(f"tcp/{rank}", f"{host}:{listener.getsockname()[1]}".encode())
-            links = {}
             for peer in range(rank):
-                links[peer] = _dial(store, rank, peer, digest, deadline)
+                links[peer] = _dial(store, rank, peer, digest, key, deadline)
             while len(links) < size - 1:
-                peer, sock = _answer(listener, rank, size, digest, deadline)
-                if peer is not None and peer not in links:
+                missing = [peer for peer in range(rank + 1, size) if peer not in links]
+                if time.monotonic() >= deadline:
+                    raise RendezvousError(f"rank {rank} timed out waiting for ranks {missing} to connect")
+                peer, sock = _answer(listener, rank, size, digest, key, min(deadline, time.monotonic() + _PROBE_S))
+                if peer is None:
+                    _probe(store, rank, missing)
+                elif peer in links:
+                    sock.close()
+                else:
                     links[peer] = sock
+        except BaseException:
+            for sock in links.values():
+                sock.close()
+            raise
         finally:
             listener.close()
         return cls(rank, size, links)
@@ -252,39 +277,56 @@ class TcpTransport(Transport):
         self._links = {}
 
 
-def _dial(store, rank: int, peer: int, digest: bytes, deadline: float) -> socket.socket:
-    """Connect to a lower rank and introduce ourselves; retry until the deadline."""
+def _dial(store, rank: int, peer: int, digest: bytes, key: bytes, deadline: float) -> socket.socket:
+    """Connect to a lower rank, say hello and authenticate both ways; retry until the deadline.
+
+    A refused connection is final: ``peer`` listens from before it publishes its address until every
+    higher rank has connected, so a refusal means it is gone. So is a failed handshake (different
+    secrets): retrying cannot mend it.
+    """
     address = store.get(f"tcp/{peer}", timeout=max(0.0, deadline - time.monotonic())).decode()
     host, port = address.rsplit(":", 1)
+    hello = _HELLO.pack(_HELLO_MAGIC, rank, peer, digest)
     last = None
     while time.monotonic() < deadline:
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, peer, digest))
-            if sock.recv(1) == _ACK:
-                sock.settimeout(None)
-                return sock
-            sock.close()
-            last = "hello refused"
+        except ConnectionRefusedError as exc:
+            raise _with_peer(PeerLost(f"rank {rank} could not connect to rank {peer} at {address}: connection "
+                                      f"refused, so rank {peer} exited or failed while the group was forming"),
+                             peer) from exc
         except OSError as exc:
+            last = exc
+            time.sleep(0.05)
+            continue
+        try:
+            sock.sendall(hello)
+            auth.client_handshake(sock, key, b"peer" + hello, deadline)
+            _tune(sock)
+            sock.settimeout(None)
+            return sock
+        except auth.AuthError as exc:
+            sock.close()
+            raise _with_peer(RendezvousError(f"rank {rank} could not authenticate with rank {peer} at "
+                                             f"{address}: {exc}"), peer) from exc
+        except (OSError, ProtocolError) as exc:
+            sock.close()
             last = exc
         time.sleep(0.05)
     raise RendezvousError(f"rank {rank} could not connect to rank {peer} at {address}: {last}")
 
 
-def _answer(listener: socket.socket, rank: int, size: int, digest: bytes, deadline: float):
-    """Accept one connection and check its hello; ``(None, None)`` for a stranger (dropped)."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise RendezvousError(f"rank {rank} timed out waiting for higher ranks to connect")
-    listener.settimeout(left)
+def _answer(listener: socket.socket, rank: int, size: int, digest: bytes, key: bytes, until: float):
+    """Accept one connection by ``until`` and check its hello and its proof: ``(sender, socket)``, or
+    ``(None, None)`` when no one came or a stranger did (closed at once)."""
+    listener.settimeout(max(until - time.monotonic(), 0.001))
     try:
         sock, _ = listener.accept()
     except TimeoutError:
-        raise RendezvousError(f"rank {rank} timed out waiting for higher ranks to connect") from None
+        return None, None
     try:
-        sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
+        due = time.monotonic() + _STRANGER_S
+        sock.settimeout(max(0.1, due - time.monotonic()))
         data = b""
         while len(data) < _HELLO.size:
             chunk = sock.recv(_HELLO.size - len(data))
@@ -294,10 +336,35 @@ def _answer(listener: socket.socket, rank: int, size: int, digest: bytes, deadli
         magic, sender, receiver, their_digest = _HELLO.unpack(data)
         if magic != _HELLO_MAGIC or receiver != rank or their_digest != digest or not rank < sender < size:
             raise ValueError("not a peer of this group")
-        sock.sendall(_ACK)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        auth.server_handshake(sock, key, b"peer" + data, due)
+        _tune(sock)
         sock.settimeout(None)
         return sender, sock
-    except (OSError, ValueError, struct.error):
+    except (OSError, ValueError, struct.error, ProtocolError):
         sock.close()
         return None, None
+
+
+def _probe(store, rank: int, missing: list[int]) -> None:
+    """``PeerLost`` if a missing higher rank published its address but no longer listens there."""
+    for peer in missing:
+        if not store.check([f"tcp/{peer}"]):
+            continue
+        host, port = store.get(f"tcp/{peer}", timeout=1.0).decode().rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except ConnectionRefusedError as exc:
+            raise _with_peer(PeerLost(f"rank {rank}: rank {peer} stopped listening before it connected to this "
+                                      f"rank: it exited or failed while the group was forming"), peer) from exc
+        except OSError:  # unreachable or slow: no verdict, keep waiting
+            pass
+
+
+def _tune(sock: socket.socket) -> None:
+    """No Nagle delay, and keepalive probes on an idle link, so that a silently dead one errors
+    within seconds (options missing on this OS are skipped)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _KEEPALIVE.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

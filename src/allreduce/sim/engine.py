@@ -1,0 +1,94 @@
+"""Times :class:`~allreduce.sim.traffic.Traffic` on a :class:`~allreduce.sim.network.Network`.
+
+The engine keeps, per rank, the time it finished its last step (``ready``); there is no global clock
+tick, so fast ranks run ahead exactly as the executor lets them. One step at a time, for all its
+messages at once (numpy):
+
+1. each rank's copies of the step delay it by ``copy`` per byte;
+2. a message starts when both its sender and its receiver have reached the step (a receiver that is
+   still busy cannot take it in);
+3. it lasts ``alpha + load * beta``, where ``load`` is the bytes the busiest resource it crosses must
+   carry until it is through: the sender's egress, the receiver's ingress (each per class of link),
+   and for a message between hosts both NICs (over all the host's ranks). A resource serves its
+   messages of the step in equal shares, so a message of ``b`` bytes is through once the resource has
+   carried every smaller message and ``b`` bytes of each other one; ``k`` equal messages thus take
+   ``k b beta``. A port that also carries the other direction in the step is slower by ``duplex``;
+4. the receiver then reduces it, ``gamma`` per byte, when the schedule says so; one rank reduces
+   one segment at a time, so a reduced message is done when all the step's reductions of its
+   receiver are;
+5. a rank's step ends when all its messages (and reductions) have.
+
+Shares are settled per step: the messages of one step on one port are taken to start together,
+which is what a bulk-synchronous step does and what keeps the engine vectorized.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from .network import Network
+from .traffic import Traffic
+
+# on_step(step, t0, end, done): per message of the step, start, end of transfer, end of reduction
+StepHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def run(traffic: Traffic, network: Network, on_step: Optional[StepHook] = None) -> np.ndarray:
+    """Run ``traffic`` over ``network``; return each simulated rank's finishing time in seconds."""
+    network = network.for_ranks(traffic.size)
+    ready = np.zeros(traffic.ranks)
+    intra, inter = network.intra, network.inter
+    ports = 2 * traffic.ranks
+    for s in range(traffic.steps):
+        a, b = traffic.copy_offsets[s], traffic.copy_offsets[s + 1]
+        if a < b:
+            np.add.at(ready, traffic.copy_rank[a:b], traffic.copy_bytes[a:b] * network.copy)
+        a, b = traffic.offsets[s], traffic.offsets[s + 1]
+        if a == b:
+            continue
+        src, dst, cross = traffic.src[a:b], traffic.dst[a:b], traffic.inter[a:b]
+        nbytes = traffic.nbytes[a:b]
+        t0 = np.maximum(ready[src], ready[dst])
+        duplex = np.where(cross, inter.duplex, intra.duplex)
+        load = _load(src * 2 + cross, dst * 2 + cross, nbytes, ports, duplex)
+        if cross.any():
+            load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
+                                                        nbytes[cross], traffic.hosts, inter.duplex))
+        end = t0 + np.where(cross, inter.alpha, intra.alpha) + load * np.where(cross, inter.beta, intra.beta)
+        reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
+        done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
+        if on_step is not None:
+            on_step(s, t0, end, done)
+        np.maximum.at(ready, src, end)
+        np.maximum.at(ready, dst, done)
+    return ready
+
+
+def _load(out_port: np.ndarray, in_port: np.ndarray, nbytes: np.ndarray, ports: int, duplex) -> np.ndarray:
+    """Per message, the bytes its busier port must carry until it is through (see :func:`_shared`),
+    times ``duplex`` where that port also carries the other direction."""
+    sending = np.bincount(out_port, minlength=ports)
+    receiving = np.bincount(in_port, minlength=ports)
+    at_src = _shared(out_port, nbytes, sending) * np.where(receiving[out_port] > 0, duplex, 1.0)
+    at_dst = _shared(in_port, nbytes, receiving) * np.where(sending[in_port] > 0, duplex, 1.0)
+    return np.maximum(at_src, at_dst)
+
+
+def _shared(port: np.ndarray, nbytes: np.ndarray, per_port: np.ndarray) -> np.ndarray:
+    """Bytes each message's port has carried when the message is through, if the port serves all
+    its messages at once in equal shares: a message of ``b`` bytes finishes after the port carried all
+    the smaller ones and ``b`` of every other, ``sum(min(b, b_j))``. ``per_port``: messages per port."""
+    if per_port.max(initial=0) <= 1:
+        return nbytes
+    order = np.lexsort((nbytes, port))
+    p, b = port[order], nbytes[order]
+    first = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])  # where each port's run begins
+    run = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(p)]))
+    before = np.cumsum(b) - b  # bytes of the smaller messages, within the port's run
+    before -= before[first][run]
+    left = np.r_[first[1:], len(p)][run] - np.arange(len(p))  # this message and the larger ones
+    done = np.empty_like(b)
+    done[order] = before + left * b
+    return done

@@ -1,0 +1,42 @@
+"""Deep-learning integration: torch tensors, data-parallel optimizers and a torch.distributed backend.
+
+- :class:`DistributedOptimizer` wraps any torch optimizer and averages gradients across ranks during
+  backward (fused into buckets, optionally compressed to fp16/bf16 on the wire with float32 sums);
+  :func:`broadcast_parameters` and :func:`broadcast_optimizer_state` start every rank alike;
+  :class:`DynamicLossScaler` keeps fp16 gradients in range.
+- :class:`ZeroRedundancyOptimizer` shards optimizer state (stage 1) and gradients (stage 2).
+- Importing this package registers the torch.distributed backend ``"allreduce"``, so
+  ``torch.distributed.init_process_group("allreduce")`` and DistributedDataParallel run on it.
+
+This package needs torch (``pip install allreduce[torch]``); ``import allreduce`` does not.
+
+Example (every rank, under ``allreduce run -n 4 -- python train.py``)::
+
+    import allreduce, allreduce.torch as art
+    allreduce.init_process_group()
+    opt = art.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    art.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:
+    raise ImportError("allreduce.torch needs PyTorch: pip install 'allreduce[torch]'") from exc
+
+from .backend import ProcessGroupAllreduce, register_backend
+from .broadcast import broadcast_optimizer_state, broadcast_parameters
+from .compression import Compression, Compressor, ErrorFeedback
+from .optimizer import DistributedOptimizer
+from .reduction import reduce_flat
+from .scaler import DynamicLossScaler
+from .tensors import Staged
+from .zero import ZeroRedundancyOptimizer
+
+register_backend()
+
+__all__ = [
+    "Compression", "Compressor", "DistributedOptimizer", "DynamicLossScaler", "ErrorFeedback",
+    "ProcessGroupAllreduce", "Staged", "ZeroRedundancyOptimizer", "broadcast_optimizer_state",
+    "broadcast_parameters", "reduce_flat", "register_backend",
+]
