@@ -95,7 +95,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         g.close()
     world.close()
     _State.world, _State.groups = None, []
-    _leave(world.store, world.size)
+    _leave(world.store, world.size, wait=world.healthy)
 
 
 def is_initialized() -> bool:
@@ -411,6 +411,7 @@ def _bind_host(store) -> str:
     """The address peers reach this rank on: ALLREDUCE_ADDR, else the interface facing the store."""
     if os.environ.get("ALLREDUCE_ADDR"):
         return os.environ["ALLREDUCE_ADDR"]
+    store = store.base  # a subgroup's prefix view: the address is the underlying store's
     host = getattr(store, "host", None)
     if not host or host == "localhost" or _is_loopback(host):
         return "127.0.0.1"
@@ -426,11 +427,14 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _leave(store, size: int) -> None:
-    """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it."""
+def _leave(store, size: int, wait: bool = True) -> None:
+    """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it.
+
+    After a failure (``wait=False``) nobody waits: the missing ranks may be dead.
+    """
     try:
         left = store.add("leave", 1)
-        if getattr(store, "is_server", False):
+        if wait and getattr(store.base, "is_server", False):
             deadline = time.monotonic() + _LEAVE_GRACE
             while left < size and time.monotonic() < deadline:
                 time.sleep(0.01)

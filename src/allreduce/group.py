@@ -66,6 +66,7 @@ class ProcessGroup:
         self._started: Call | None = None  # the last collective this rank began
         self._interval = min(1.0, timeout / 5)  # heartbeat period, and quiet time before inspecting peers
         self._p2p: collections.Counter = collections.Counter()
+        self._choices: dict[tuple, str] = {}  # the algorithm chosen per call shape, decided once per group
         self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
         self._stop = threading.Event()
         self._threads = [
@@ -74,6 +75,11 @@ class ProcessGroup:
         ]
         for thread in self._threads:
             thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        """False once a collective has failed and broken the group."""
+        return self._broken is None
 
     # ---- issuing ---------------------------------------------------------------------------------
 
@@ -98,7 +104,20 @@ class ProcessGroup:
 
     def _choose(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
         """The planner's choice, except that an automatic all-reduce over several hosts of several
-        ranks each is hierarchical (inside hosts, then across them, then inside again)."""
+        ranks each is hierarchical (inside hosts, then across them, then inside again).
+
+        Remembered per call shape: the planner reads the environment and the cost profile, which is
+        too slow to repeat for every small collective.
+        """
+        key = (collective, algorithm, nbytes, dtype)
+        name = self._choices.get(key)
+        if name is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            name = self._choices[key] = self._plan(collective, algorithm, nbytes, dtype)
+        return name
+
+    def _plan(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
         if (self._hierarchical and collective == "all_reduce" and algorithm in (None, "auto")
                 and os.environ.get("ALLREDUCE_ALGO", "auto") == "auto"):
             return "hierarchical"

@@ -25,10 +25,10 @@ class Work:
         Raises ``TimeoutError`` if ``timeout`` seconds pass first (the collective keeps running and
         still fails on its own deadline if a peer never comes).
         """
-        try:
-            self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"{self._what} did not complete within {timeout}s") from None
+        done, _ = concurrent.futures.wait([self._future], timeout)
+        if not done:
+            raise TimeoutError(f"{self._what} did not complete within {timeout}s")
+        self._future.result()  # re-raises the collective's own error, a CommTimeout included
         return True
 
     def is_completed(self) -> bool:

@@ -139,6 +139,11 @@ class Store:
         """A view of this store whose keys are ``prefix + "/" + key`` (for subgroups, later rounds)."""
         return PrefixStore(prefix, self)
 
+    @property
+    def base(self) -> "Store":
+        """The store this one is a view of (itself unless it is a prefix view)."""
+        return self
+
     def close(self) -> None:
         """Release this store's connections (and, on the rank that hosts it, the server)."""
         self._closed = True
@@ -208,6 +213,10 @@ class PrefixStore(Store):
 
     def __repr__(self) -> str:
         return f"PrefixStore({self._prefix[:-1]!r}, {self._store!r})"
+
+    @property
+    def base(self) -> Store:
+        return self._store.base
 
     def _execute(self, request: wire.Request) -> wire.Response:
         if isinstance(request, (wire.Wait, wire.Check)):
@@ -315,6 +324,11 @@ class TCPStore(Store):
 
     def __repr__(self) -> str:
         return f"TCPStore({self.host}:{self.port})"
+
+    @property
+    def is_server(self) -> bool:
+        """Whether this process hosts the store's server."""
+        return self._server is not None
 
     def close(self) -> None:
         super().close()

@@ -127,16 +127,17 @@ class _Link:
             header = wire.decode(self.hdr)
         except ProtocolError as exc:
             raise _with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
-        if header.kind == wire.ABORT:
-            raise _with_peer(PeerLost(f"rank {self.peer} aborted: {self._read_abort_reason(header.nbytes)}"), self.peer)
+        if header.kind == wire.ABORT:  # the small-frame read may have taken the start of the reason already
+            early = bytes(spec.dest[:min(self.got, header.nbytes)])
+            reason = self._read_abort_reason(early, header.nbytes)
+            raise _with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
         try:
             wire.check(spec.header, header)
         except AllreduceError as exc:
             raise _with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
 
-    def _read_abort_reason(self, nbytes: int) -> str:
+    def _read_abort_reason(self, data: bytes, nbytes: int) -> str:
         self.sock.settimeout(1.0)
-        data = b""
         try:
             while len(data) < nbytes:
                 chunk = self.sock.recv(nbytes - len(data))
