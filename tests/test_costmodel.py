@@ -56,8 +56,10 @@ def test_a_profile_round_trips_through_json(tmp_path):
     assert again.source == path
 
 
-def test_shm_falls_back_to_tcp_when_not_measured():
-    assert costmodel.DEFAULT.link("shm", "intra") == costmodel.DEFAULT.link("tcp", "intra")
+def test_a_transport_without_its_own_figures_falls_back_to_tcp():
+    tcp_only = costmodel.Profile(((("tcp", "intra", Link(1e-5, 1e-9))),), (("float32", 1e-10),), 0.0)
+    assert tcp_only.link("shm", "intra") == Link(1e-5, 1e-9)
+    assert costmodel.DEFAULT.link("shm", "inter") == costmodel.DEFAULT.link("tcp", "inter")
 
 
 def test_the_environment_names_the_profile_and_a_missing_one_is_an_error(tmp_path, monkeypatch):

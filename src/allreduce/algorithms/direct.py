@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .schedule import Copy, Recv, Region, Schedule, Send, check_call, chunk_bounds, region, without_empty
+from .ring import all_gather_cost, all_reduce_cost, reduce_scatter_cost  # noqa: F401 - the same messages as the ring
+from .schedule import Copy, Recv, Region, Schedule, Send, block, check_call, chunk_bounds, region, without_empty
 
 
 def turns(rank: int, size: int) -> list[int]:
@@ -85,8 +86,8 @@ def reduce_scatter(rank: int, size: int, count: int, *, root: int = 0) -> Schedu
     check_call(rank, size, count, root)
     peers = turns(rank, size)
     out = Region("out", 0, count)
-    step = [Copy(_block("data", count, rank), out)]
-    step += scatter_reduce(peers, [_block("data", count, p) for p in peers], out)
+    step = [Copy(block("data", count, rank), out)]
+    step += scatter_reduce(peers, [block("data", count, p) for p in peers], out)
     return Schedule(without_empty([step]))
 
 
@@ -99,25 +100,6 @@ def all_gather(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     """
     check_call(rank, size, count, root)
     peers = turns(rank, size)
-    step = [Copy(Region("data", 0, count), _block("out", count, rank))]
-    step += gather(peers, Region("data", 0, count), [_block("out", count, p) for p in peers])
+    step = [Copy(Region("data", 0, count), block("out", count, rank))]
+    step += gather(peers, Region("data", 0, count), [block("out", count, p) for p in peers])
     return Schedule(without_empty([step]))
-
-
-def _block(buf: str, count: int, i: int) -> Region:
-    return Region(buf, i * count, (i + 1) * count)
-
-
-def all_reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
-    """Predicted seconds of :func:`all_reduce` on ``n`` ranks for ``m`` bytes (see the module docstring)."""
-    return 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
-
-
-def reduce_scatter_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
-    """Predicted seconds of :func:`reduce_scatter` on ``n`` ranks, ``m`` bytes of input on each."""
-    return (n - 1) * alpha + (n - 1) / n * m * (beta + gamma)
-
-
-def all_gather_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:
-    """Predicted seconds of :func:`all_gather` on ``n`` ranks, ``m`` bytes gathered in all."""
-    return (n - 1) * alpha + (n - 1) / n * m * beta

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .schedule import Copy, Recv, Region, Schedule, Send, check_call, chunk_bounds, region, without_empty
+from .schedule import Copy, Recv, Region, Schedule, Send, block, check_call, chunk_bounds, region, without_empty
 
 
 def _neighbours(rank: int, size: int) -> tuple[int, int]:
@@ -37,10 +37,6 @@ def _reduce_scatter_chunks(rank: int, size: int) -> list[tuple[int, int]]:
 def _all_gather_chunks(rank: int, size: int) -> list[tuple[int, int]]:
     """(chunk sent, chunk received) for each all-gather step."""
     return [((rank - s) % size, (rank - s - 1) % size) for s in range(size - 1)]
-
-
-def _block(buf: str, count: int, i: int) -> Region:
-    return Region(buf, i * count, (i + 1) * count)
 
 
 @lru_cache(maxsize=1024)
@@ -90,16 +86,16 @@ def reduce_scatter(rank: int, size: int, count: int, *, root: int = 0) -> Schedu
     """
     check_call(rank, size, count, root)
     if size == 1:
-        return Schedule(without_empty([(Copy(_block("data", count, 0), Region("out", 0, count)),)]))
+        return Schedule(without_empty([(Copy(block("data", count, 0), Region("out", 0, count)),)]))
     right, left = _neighbours(rank, size)
     slots = min(2, size - 2)
     last = size - 2
     steps = []
     partial = None  # where the partial this rank forwards next lies (None: its own data block)
     for s, (out, into) in enumerate(_reduce_scatter_chunks(rank, size)):
-        src = _block("data", count, out) if partial is None else partial
-        dst = Region("out", 0, count) if s == last else _block("tmp", count, s % slots)
-        steps.append((Send(right, src), Recv(left, dst, reduce=_block("data", count, into))))
+        src = block("data", count, out) if partial is None else partial
+        dst = Region("out", 0, count) if s == last else block("tmp", count, s % slots)
+        steps.append((Send(right, src), Recv(left, dst, reduce=block("data", count, into))))
         partial = dst
     return Schedule(without_empty(steps), tmp=slots * count)
 
@@ -116,9 +112,9 @@ def all_gather(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     """
     check_call(rank, size, count, root)
     right, left = _neighbours(rank, size)
-    steps = [[Copy(Region("data", 0, count), _block("out", count, rank))]] + [[] for _ in range(size - 1)]
+    steps = [[Copy(Region("data", 0, count), block("out", count, rank))]] + [[] for _ in range(size - 1)]
     for step, (out, into) in zip(steps, _all_gather_chunks(rank, size)):
-        step += [Send(right, _block("out", count, out)), Recv(left, _block("out", count, into))]
+        step += [Send(right, block("out", count, out)), Recv(left, block("out", count, into))]
     return Schedule(without_empty(steps))
 
 

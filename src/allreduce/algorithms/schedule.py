@@ -102,6 +102,11 @@ def chunk_bounds(count: int, parts: int) -> list[int]:
     return [i * count // parts for i in range(parts + 1)]
 
 
+def block(buf: str, count: int, i: int) -> Region:
+    """Block ``i`` of ``buf`` when every rank's block holds ``count`` elements (all_gather, reduce_scatter...)."""
+    return Region(buf, i * count, (i + 1) * count)
+
+
 def region(buf: str, bounds: list[int], i: int) -> Region:
     """Chunk ``i`` of ``buf`` under ``bounds`` (from :func:`chunk_bounds`)."""
     return Region(buf, bounds[i], bounds[i + 1])
