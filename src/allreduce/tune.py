@@ -19,7 +19,8 @@ no other rank, are the fastest call. The result updates the profile file (``ALLR
 ``~/.cache/allreduce/profile.json``, or ``--output``): the link of each transport measured (TCP, and
 shared memory where the machine has it; one pair of ranks for each, with ``ALLREDUCE_TRANSPORT`` set)
 in the given scope (``intra`` for ranks of one host, ``inter`` when the two ranks are on different
-hosts) and the dtypes' gamma; the rest of an existing file is kept. It takes a few seconds.
+hosts) and the dtypes' gamma; the rest of an existing file is kept. Three rounds take about ten
+seconds per transport over loopback or shared memory, half a minute over a 400 Mbit/s link.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _timed(fn, iters: int, stat=np.median) -> float:
 
 
 def _iters(nbytes: int) -> int:
-    return int(np.clip((64 << 20) // max(nbytes, 1), 15, 300))
+    return int(np.clip((64 << 20) // max(nbytes, 1), 7, 300))
 
 
 def _synced(fn, iters: int) -> float:

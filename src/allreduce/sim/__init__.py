@@ -77,7 +77,8 @@ def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: N
         network: links, costs and the number of hosts.
         itemsize: bytes per element of the dtype.
         root: for rooted collectives.
-        trace: when given, receives the spans of the first ``trace_ranks`` simulated ranks.
+        trace: when given, receives the spans of the first ``trace_ranks`` simulated ranks (of the
+            longer short run when a long pipeline is extrapolated).
         options: schedule options (e.g. ``chunk``).
 
     Returns:
