@@ -29,9 +29,11 @@ print(f"reduce_scatter_tensor: rank {rank} keeps {mine.tolist()}")
 
 token = np.array([42 if rank == 0 else 0])
 dist.broadcast(token, src=0)
-work = dist.all_reduce(np.ones(1 << 20, np.float32), async_op=True)
-busy = sum(range(10000))  # compute while the all-reduce runs on the progress thread
+ones = np.ones(1 << 20, np.float32)
+work = dist.all_reduce(ones, async_op=True)  # runs on the progress thread...
+norm = float(np.linalg.norm(np.arange(1 << 16, dtype=np.float64)))  # ...while this rank computes
 work.wait()
+assert np.all(ones == size)
 dist.barrier()
-print(f"broadcast from rank 0: {token[0]}; async all_reduce done while computing")
+print(f"broadcast from rank 0: {token[0]}; async all_reduce of 4 MiB done while computing a norm ({norm:.0f})")
 dist.destroy_process_group()

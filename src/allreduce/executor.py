@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import wire
-from .algorithms.schedule import Copy, Recv, Region, Schedule, Send
+from .algorithms.schedule import Copy, Recv, Schedule, Send
 from .dtypes import code_of
 from .errors import AllreduceError, CommTimeout
 from .ops import ReduceOp, kernel

@@ -88,8 +88,8 @@ class ProcessGroup:
                    after=None, async_op: bool = False) -> Work | None:
         """Run ``collective`` with the chosen algorithm's schedule on ``buffers``.
 
-        ``after()`` runs once the schedule is done (copy-outs of list-shaped APIs); AVG's division is
-        applied to ``result_buffer`` by the caller through ``after`` as well.
+        ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
+        (see :func:`finish_reduction`).
         """
         name = self._choose(collective, algorithm, count * dtype.itemsize, dtype)
         options = {"hosts": self.topology.hosts} if name == "hierarchical" else {}
