@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from allreduce import algorithms, costmodel
-from allreduce.bench import parse_size
+from allreduce import algorithms
+from allreduce.cli.bench import parse_size
+from allreduce.planner import costmodel
 from allreduce.sim import simulate
 
 GOAL_S = 10.0

@@ -35,7 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the namespace testbed
 
-from allreduce import algorithms, costmodel  # noqa: E402
+from allreduce import algorithms  # noqa: E402
+from allreduce.planner import costmodel  # noqa: E402
 from allreduce.sim import simulate  # noqa: E402
 from allreduce.sim.sweep import format_bytes  # noqa: E402
 

@@ -1,4 +1,2 @@
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
+"""Tests are grouped by how they run: ``unit`` (pure, no processes), ``collectives`` and ``faults``
+(forked ranks), ``rendezvous``, ``torch``, ``cli``; what they share is the ``support`` package."""

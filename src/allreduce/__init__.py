@@ -12,7 +12,7 @@ The API mirrors torch.distributed on numpy arrays (and torch CPU tensors)::
 from . import algorithms, errors
 from .api import (
     NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single, barrier,
-    broadcast, destroy_process_group, gather, get_rank, get_topology, get_world_size, init_process_group, irecv,
+    broadcast, default_group, destroy_process_group, gather, get_rank, get_topology, get_world_size, init_process_group, irecv,
     is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send,
 )
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
@@ -28,6 +28,6 @@ __all__ = [
     "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
     "ProtocolError", "ReduceOp", "RendezvousError", "Topology", "Work", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier", "broadcast",
-    "destroy_process_group", "empty", "errors", "gather", "get_rank", "get_topology", "get_world_size",
+    "default_group", "destroy_process_group", "empty", "errors", "gather", "get_rank", "get_topology", "get_world_size",
     "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
 ]

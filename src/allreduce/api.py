@@ -9,28 +9,19 @@ rank is not a member of is an error, never a silent ``None``.
 from __future__ import annotations
 
 import datetime
-import ipaddress
-import os
-import socket
-import time
 
 import numpy as np
 
+from . import rendezvous, topology
+from .bootstrap import form_group, leave
 from .buffers import as_array, flat
 from .group import ProcessGroup, finish_reduction
 from .ops import ReduceOp, check_op
-from . import rendezvous as _rdv
-from . import topology
-from .timeline import TimelineTransport
-from .transport import shm
-from .transport.routed import RoutedTransport
-from .transport.tcp import TcpTransport
+from .settings import DEFAULT_TIMEOUT, Settings
+from .transport.shm import ShmOptions
 from .work import Work
 
-DEFAULT_TIMEOUT = 600.0  # seconds; torch's default for collectives
 BACKENDS = (None, "allreduce", "tcp")
-TRANSPORTS = ("auto", "shm", "tcp")  # values of ALLREDUCE_TRANSPORT
-_LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
 
 
 class NonMember:
@@ -47,6 +38,8 @@ class _State:
     world: ProcessGroup | None = None
     groups: list[ProcessGroup] = []
     new_groups = 0
+    settings = Settings()  # read from the environment by init_process_group
+    shm_options = ShmOptions()
 
 
 # ---- setup --------------------------------------------------------------------------------------
@@ -59,12 +52,14 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         backend: ``None``/``"allreduce"``/``"tcp"``.
         init_method: ``env://`` (default; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or the variables of
             torchrun, Open MPI, MPICH or Slurm), ``tcp://host:port`` or ``file:///path``.
-        timeout: per-collective deadline (seconds or ``timedelta``), default 10 minutes.
+        timeout: deadline (seconds or ``timedelta``) of the rendezvous and of every collective,
+            default 10 minutes (torch's is 30; a hung job should fail sooner).
         world_size, rank: override the environment; required with ``store``.
         store: an existing key-value store to rendezvous through.
 
     Raises:
-        RuntimeError: already initialized. ValueError: bad arguments. RendezvousError: peers not found.
+        RuntimeError: already initialized. ValueError: bad arguments or a bad ``ALLREDUCE_*`` variable.
+        RendezvousError: peers not found.
 
     Example (each of two ranks)::
 
@@ -75,12 +70,14 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
     seconds = _seconds(timeout)
+    settings, shm_options = Settings.from_env(), ShmOptions.from_env()  # the environment, read once
     if store is None:
-        store, rank, world_size = _rdv.rendezvous(init_method, rank, world_size, seconds)
+        store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds)
     elif rank < 0 or world_size < 1:
         raise ValueError("with store=..., pass rank= and world_size= too")
-    _State.world = _form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)))
-    _State.new_groups = 0
+    _State.world = form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)),
+                              settings, shm_options)
+    _State.settings, _State.shm_options, _State.new_groups = settings, shm_options, 0
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -95,11 +92,21 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         g.close()
     world.close()
     _State.world, _State.groups = None, []
-    _leave(world.store, world.size, wait=world.healthy)
+    leave(world.store, world.size, wait=world.healthy)
 
 
 def is_initialized() -> bool:
+    """Whether this process has joined the default group (and not yet destroyed it)."""
     return _State.world is not None
+
+
+def default_group() -> ProcessGroup:
+    """The default group that :func:`init_process_group` formed.
+
+    Raises:
+        RuntimeError: not initialized.
+    """
+    return _require()
 
 
 def get_rank(group=None) -> int:
@@ -139,7 +146,8 @@ def new_group(ranks=None, timeout=None):
         return NonMember(members)
     name = f"group{_State.new_groups}"
     store = world.store.prefix(name)
-    group = _form_group(store, members.index(world.rank), len(members), _seconds(timeout) if timeout else world.timeout, name, members)
+    group = form_group(store, members.index(world.rank), len(members), _seconds(timeout) if timeout else world.timeout,
+                       name, members, _State.settings, _State.shm_options)
     _State.groups.append(group)
     return group
 
@@ -371,74 +379,3 @@ def _seconds(timeout) -> float:
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     return seconds
-
-
-def _form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int]) -> ProcessGroup:
-    topo = topology.discover(store, rank, size, timeout)
-    transport, intra = _connect(store, rank, size, topo, name, timeout)
-    if os.environ.get("ALLREDUCE_TIMELINE"):  # a Chrome trace per rank, written when the group closes
-        transport = TimelineTransport(transport, os.environ["ALLREDUCE_TIMELINE"], ranks[rank], name)
-    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra)
-
-
-def _connect(store, rank: int, size: int, topo: topology.Topology, name: str, timeout: float):
-    """``(transport, intra)``: shared memory among this host's ranks where the platform allows, TCP to
-    the others; ``ALLREDUCE_TRANSPORT=shm|tcp`` forces one. ``intra`` names the one used inside a host."""
-    choice = os.environ.get("ALLREDUCE_TRANSPORT") or "auto"
-    if choice not in TRANSPORTS:
-        raise ValueError(f"ALLREDUCE_TRANSPORT={choice!r} is not one of {', '.join(TRANSPORTS)}")
-    local = list(topo.local_ranks)
-    if choice == "shm" and (len(topo.hosts) > 1 or not shm.available()):
-        why = (f"this group spans {len(topo.hosts)} hosts" if len(topo.hosts) > 1
-               else "this platform lacks memfd, Unix seqpacket sockets or x86-64 memory ordering")
-        raise ValueError(f"ALLREDUCE_TRANSPORT=shm needs every rank on one host of a capable platform, but {why}; "
-                         "unset it to let each pair of ranks use what reaches it")
-    if choice == "tcp" or len(local) == 1 or not shm.available():
-        return TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout), "tcp"
-    near = shm.ShmTransport.connect(rank, size, store, name, timeout, local, shm.ShmOptions.from_env())
-    if len(local) == size:
-        return near, "shm"
-    try:
-        far = TcpTransport.connect(rank, size, store, _bind_host(store), name, timeout)
-    except BaseException:
-        near.close()
-        raise
-    others = [r for r in range(size) if r not in local]
-    return RoutedTransport(rank, size, [(near, [r for r in local if r != rank]), (far, others)]), "shm"
-
-
-def _bind_host(store) -> str:
-    """The address peers reach this rank on: ALLREDUCE_ADDR, else the interface facing the store."""
-    if os.environ.get("ALLREDUCE_ADDR"):
-        return os.environ["ALLREDUCE_ADDR"]
-    store = store.base  # a subgroup's prefix view: the address is the underlying store's
-    host = getattr(store, "host", None)
-    if not host or host == "localhost" or _is_loopback(host):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
-        probe.connect((host, getattr(store, "port", 9)))
-        return probe.getsockname()[0]
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _leave(store, size: int, wait: bool = True) -> None:
-    """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it.
-
-    After a failure (``wait=False``) nobody waits: the missing ranks may be dead.
-    """
-    try:
-        left = store.add("leave", 1)
-        if wait and getattr(store.base, "is_server", False):
-            deadline = time.monotonic() + _LEAVE_GRACE
-            while left < size and time.monotonic() < deadline:
-                time.sleep(0.01)
-                left = store.add("leave", 0)
-    except Exception:  # the store host may already be gone; leaving is best effort
-        pass
-    store.close()

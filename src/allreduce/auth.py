@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import secrets
@@ -39,6 +38,7 @@ import socket
 import struct
 import time
 
+from .addresses import is_loopback
 from .errors import ProtocolError
 
 SECRET_ENV = "ALLREDUCE_SECRET"
@@ -71,21 +71,12 @@ def job_key(environ=os.environ) -> bytes:
 def warn_if_exposed(host: str, environ=os.environ) -> None:
     """Log once per process when a server binds beyond loopback without ``ALLREDUCE_SECRET``."""
     global _warned
-    if _warned or environ.get(SECRET_ENV) or _is_loopback(host):
+    if _warned or environ.get(SECRET_ENV) or is_loopback(host):
         return
     _warned = True
     _log.warning("allreduce: listening on %s without ALLREDUCE_SECRET: connections are checked for group "
                  "membership only, and anyone who can reach this address can join. Set the same "
                  "ALLREDUCE_SECRET on every rank (allreduce run sets one for single-node jobs).", host)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: assume it is reachable from elsewhere
-        return False
 
 
 # ---- the three messages, sans-I/O ---------------------------------------------------------------

@@ -9,6 +9,8 @@ anything is sent.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class AllreduceError(RuntimeError):
     """Base of every communication error raised by ``allreduce``."""
@@ -36,3 +38,15 @@ class GroupBroken(AllreduceError):
 
 class RendezvousError(AllreduceError):
     """The ranks could not find each other (store unreachable, bad init_method, wrong world size)."""
+
+
+_E = TypeVar("_E", bound=AllreduceError)
+
+
+def with_peer(exc: _E, peer: int) -> _E:
+    """``exc`` with its ``peer`` attribute set to the rank it is about, which the group's message names.
+
+    Example: ``raise with_peer(PeerLost("connection to rank 2 closed"), 2)``.
+    """
+    exc.peer = peer
+    return exc

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import wire
+from . import collectives, wire
 from .algorithms.schedule import Copy, Recv, Schedule, Send
 from .dtypes import code_of
 from .errors import AllreduceError, CommTimeout
@@ -27,7 +27,7 @@ _REDUCE_BLOCK = 1 << 16  # bytes reduced at a time while a segment is still arri
 class Call:
     """One collective call as every rank must agree on it (its fingerprint) plus how it runs."""
 
-    collective: str  # a name in wire.COLLECTIVES
+    collective: str  # a name in allreduce.collectives
     seq: int  # per-group sequence number (per-peer counter for send/recv)
     algorithm: str
     dtype: np.dtype
@@ -37,8 +37,8 @@ class Call:
 
     def headers(self):
         """A function ``(step, nbytes) -> Header`` for this call's frames."""
-        kind, collective, dtype, op = wire.DATA, wire.COLLECTIVES.index(self.collective), code_of(self.dtype), int(self.op)
-        root, seq, count, make = self.root, self.seq, self.count, wire.Header
+        kind, collective = wire.DATA, collectives.get(self.collective).code
+        dtype, op, root, seq, count, make = code_of(self.dtype), int(self.op), self.root, self.seq, self.count, wire.Header
 
         def header(step: int, nbytes: int) -> wire.Header:
             return make(kind, collective, dtype, op, root, step, seq, count, nbytes)

@@ -22,15 +22,15 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
-import os
 import threading
 
 import numpy as np
 
-from . import algorithms, planner
+from . import algorithms, collectives, planner
 from .algorithms.schedule import Recv, Region, Schedule, Send
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost
 from .executor import Call, Executor
+from .settings import Settings
 from .ops import ReduceOp, finish as finish_op
 from .topology import Topology, from_host_ids
 from .transport import Transport
@@ -45,7 +45,7 @@ class ProcessGroup:
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
-                 intra: str = "tcp"):
+                 intra: str = "tcp", settings: Settings | None = None):
         self.store = store
         self.rank = rank
         self.size = size
@@ -54,7 +54,9 @@ class ProcessGroup:
         self.ranks = list(ranks) if ranks is not None else list(range(size))
         self.topology = topology or from_host_ids(rank, [""] * size)  # which ranks share a host
         self.intra = intra  # the transport between ranks of one host: "tcp" or "shm"
+        self.settings = settings or Settings()  # what the environment asked for when the group formed
         hosts = self.topology.hosts
+        self._supplies = {"hosts": hosts}  # what an algorithm may need from the group (its ``needs``)
         self._hierarchical = len(hosts) > 1 and self.topology.uniform and len(hosts[0]) > 1
         self._executor = Executor(transport)
         self._cv = threading.Condition()
@@ -91,18 +93,19 @@ class ProcessGroup:
         ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
         (see :func:`finish_reduction`).
         """
-        name = self._choose(collective, algorithm, count * dtype.itemsize, dtype)
-        options = {"hosts": self.topology.hosts} if name == "hierarchical" else {}
-        if collective in _SENDING_ROOT and self.size > 1:
-            schedule = _confirmed(collective, name, self.rank, self.size, count, root)
+        name = self.algorithm_for(collective, algorithm, count * dtype.itemsize, dtype)
+        entry = algorithms.get(collective, name)
+        options = {need: self._supplies[need] for need in entry.needs}
+        if collectives.get(collective).root_sends_only and self.size > 1:
+            schedule = _confirmed(entry, self.rank, self.size, count, root, **options)
         else:
-            schedule = algorithms.get(collective, name)(self.rank, self.size, count, root=root, **options)
+            schedule = entry(self.rank, self.size, count, root=root, **options)
         with self._cv:
             self._seq += 1
             call = Call(collective, self._seq, name, dtype, op, count, root)
         return self._submit(call, schedule, buffers, after, async_op)
 
-    def _choose(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
+    def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
         """The planner's choice, except that an automatic all-reduce over several hosts of several
         ranks each is hierarchical (inside hosts, then across them, then inside again).
 
@@ -119,10 +122,10 @@ class ProcessGroup:
 
     def _plan(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
         if (self._hierarchical and collective == "all_reduce" and algorithm in (None, "auto")
-                and os.environ.get("ALLREDUCE_ALGO", "auto") == "auto"):
+                and self.settings.algorithm == "auto"):
             return "hierarchical"
         return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
-                              transport=self.intra)
+                              transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile)
 
     def point_to_point(self, buffer: np.ndarray, peer: int, tag: int, sending: bool, async_op: bool) -> Work | None:
         """``send`` (``sending=True``) or ``recv`` of ``buffer`` with ``peer``; matched in order per pair."""
@@ -302,18 +305,15 @@ class ProcessGroup:
         self._executor.transport.close()
 
 
-_SENDING_ROOT = frozenset({"broadcast", "scatter"})  # collectives whose root only sends
-
-
 @functools.lru_cache(maxsize=1024)
-def _confirmed(collective: str, name: str, rank: int, size: int, count: int, root: int) -> Schedule:
+def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, root: int, **options) -> Schedule:
     """The algorithm's schedule plus a last step: an empty frame from the rank after ``root`` to ``root``.
 
     Its header carries the sender's fingerprint, so a root whose src, collective, count or dtype
     differs from the others' hears of it in this collective instead of never. Cached, so that a
     repeated call gets the same schedule object (the executor caches its plan by schedule).
     """
-    schedule = algorithms.get(collective, name)(rank, size, count, root=root)
+    schedule = entry(rank, size, count, root=root, **options)
     nothing = Region("tmp", 0, 0)
     if rank == root:
         last = (Recv((root + 1) % size, nothing),)
@@ -326,8 +326,9 @@ def _confirmed(collective: str, name: str, rank: int, size: int, count: int, roo
 
 def _describe(call: Call) -> str:
     """A collective as every rank must agree on it, e.g. ``all_reduce(count=10, float32, SUM)``."""
-    op = f", {call.op.name}" if call.collective in ("all_reduce", "reduce", "reduce_scatter") else ""
-    root = f", root={call.root}" if call.collective in algorithms.ROOTED else ""
+    facts = collectives.get(call.collective)
+    op = f", {call.op.name}" if facts.reduces else ""
+    root = f", root={call.root}" if facts.rooted else ""
     return f"{call.collective}(count={call.count}, {call.dtype}{op}{root})"
 
 

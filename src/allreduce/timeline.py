@@ -27,7 +27,7 @@ import re
 import sys
 import time
 
-from . import wire
+from . import collectives, wire
 from .trace import Trace
 from .transport.base import Transport
 
@@ -84,7 +84,7 @@ class TimelineTransport(Transport):
         return getattr(self.inner, name)  # whatever else the transport offers
 
     def _record(self, header: wire.Header, start: float, end: float, sends, watched, failed: bool) -> None:
-        name = f"{wire.COLLECTIVES[header.collective]} #{header.seq}"
+        name = f"{collectives.BY_CODE[header.collective].name} #{header.seq}"
         if self._collective is None or self._collective[0] != name:
             self._end_collective()
             self._collective = [name, start, end]

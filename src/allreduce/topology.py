@@ -2,7 +2,7 @@
 
 A *host* is a set of ranks that can share memory and reach each other's abstract Unix sockets: one
 kernel boot and one network namespace. Its identity is ``hostname/boot id/network namespace``, read
-from ``/proc``; ``ALLREDUCE_HOST_ID`` replaces it, so tests can pretend that one machine is several
+from ``/proc``; a forced identity (``ALLREDUCE_HOST_ID``) replaces it, so tests can pretend that one machine is several
 hosts (and a real cluster can group ranks by hand). Every rank publishes its identity in the group's
 store and reads everyone else's, so all ranks build the same :class:`Topology`.
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-
-HOST_ID_VARIABLE = "ALLREDUCE_HOST_ID"
 
 
 @dataclass(frozen=True)
@@ -48,9 +46,8 @@ class Topology:
         return len({len(ranks) for ranks in self.hosts}) == 1
 
 
-def host_id() -> str:
-    """This process's host identity: ``ALLREDUCE_HOST_ID`` if set, else hostname, boot id and netns."""
-    forced = os.environ.get(HOST_ID_VARIABLE)
+def host_id(forced: str = "") -> str:
+    """This process's host identity: ``forced`` if given, else hostname, boot id and network namespace."""
     if forced:
         return forced
     return "/".join((socket.gethostname(), _read("/proc/sys/kernel/random/boot_id") or _read("/etc/machine-id"),
@@ -74,13 +71,14 @@ def from_host_ids(rank: int, ids: list[str]) -> Topology:
     return Topology(rank, len(ids), local_rank, len(mine), cross.index(rank), len(cross), hosts)
 
 
-def discover(store, rank: int, size: int, timeout: float) -> Topology:
-    """Publish this rank's host identity in ``store`` and build the topology from everyone's.
+def discover(store, rank: int, size: int, timeout: float, forced_host: str = "") -> Topology:
+    """Publish this rank's host identity (``forced_host`` if given) in ``store`` and build the topology
+    from everyone's.
 
     Raises:
         RendezvousError: (from the store) when a rank does not publish within ``timeout`` seconds.
     """
-    store.set(f"host/{rank}", host_id().encode())
+    store.set(f"host/{rank}", host_id(forced_host).encode())
     ids = [store.get(f"host/{r}", timeout=timeout).decode() for r in range(size)]
     return from_host_ids(rank, ids)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from . import collectives
 from .errors import Mismatch, ProtocolError
 
 MAGIC = b"AR"
@@ -24,10 +25,6 @@ DATA = 1
 ABORT = 2
 KINDS = (DATA, ABORT)
 
-COLLECTIVES = (
-    "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
-    "all_to_all", "gather", "scatter", "barrier", "send",
-)
 
 _HEADER = struct.Struct("<2sBBBBBxiIQQQ")
 HEADER_SIZE = _HEADER.size
@@ -35,7 +32,8 @@ MAX_ABORT_REASON = 4096
 
 
 class Header(NamedTuple):
-    """One frame's header; ``collective`` indexes :data:`COLLECTIVES`, ``dtype`` is a wire dtype code."""
+    """One frame's header; ``collective`` is a collective's code (:mod:`allreduce.collectives`), ``dtype`` a
+    wire dtype code."""
 
     kind: int
     collective: int
@@ -66,7 +64,7 @@ def decode(buf) -> Header:
         raise ProtocolError(f"unknown frame kind {kind}")
     if kind == ABORT and nbytes > MAX_ABORT_REASON:
         raise ProtocolError(f"abort frame of {nbytes} bytes exceeds {MAX_ABORT_REASON}")
-    if kind == DATA and coll >= len(COLLECTIVES):
+    if kind == DATA and coll not in collectives.BY_CODE:
         raise ProtocolError(f"unknown collective code {coll}")
     return Header(kind, coll, dtype, op, root, step, seq, count, nbytes)
 
@@ -87,11 +85,14 @@ def check(expected: Header, got: Header) -> None:
     def show(h: Header, field: str) -> str:
         value = getattr(h, field)
         if field == "collective":
-            return COLLECTIVES[value]
+            return collectives.BY_CODE[value].name
         if field == "dtype":
             return str(dtype_of(value))
         if field == "op":
-            return ReduceOp(value).name if value in ReduceOp._value2member_map_ else str(value)
+            try:
+                return ReduceOp(value).name
+            except ValueError:
+                return str(value)
         return str(value)
 
     fields = ("collective", "seq", "count", "dtype", "op", "root", "step", "nbytes")

@@ -1,68 +1,101 @@
 """The registry of schedules: for each collective, the algorithms that implement it, by name.
 
-Every entry is a pure function ``fn(rank, size, count, *, root=0, **options) -> Schedule`` (see
-``schedule.py`` for what ``count`` means per collective); options are keyword-only with defaults, so
-an unknown one raises ``TypeError``. ``verify.py`` checks any entry symbolically, without processes.
+Every entry is an :class:`Algorithm` that says what it is: its schedule function, its cost formula,
+the options it takes (with their defaults), what it needs from the group, and the properties the
+simulator relies on. Nothing reads a function's signature: the entry is the whole truth.
 
-Every entry also has a price, :data:`COSTS`: ``cost(n, m, alpha, beta, gamma) -> seconds`` on ``n``
-ranks, with ``alpha`` seconds per message, ``beta`` per byte sent and ``gamma`` per byte reduced, and
-``m`` the bytes nccl-tests would report for the call: the tensor (all_reduce, reduce, broadcast), the
-whole gathered or reduced-input buffer (all_gather, reduce_scatter, gather, scatter: ``n`` blocks),
-one rank's buffer (all_to_all); barrier ignores it. Pipelined algorithms are priced at their best
-chunk count; their ``cost`` takes ``chunk_bytes=`` to price a fixed chunk instead.
+A schedule function is pure, ``fn(rank, size, count, *, root=0, **options) -> Schedule`` (see
+``schedule.py`` for what ``count`` means per collective). Calling the entry checks the option names
+(an unknown one is a ``TypeError`` listing the valid ones) and fills in the declared defaults.
+``verify.py`` checks any entry symbolically, without processes.
+
+A cost formula is ``cost(n, m, alpha, beta, gamma) -> seconds`` on ``n`` ranks, with ``alpha``
+seconds per message, ``beta`` per byte sent and ``gamma`` per byte reduced, and ``m`` the bytes
+nccl-tests would report for the call: the tensor (all_reduce, reduce, broadcast), the whole gathered
+or reduced-input buffer (all_gather, reduce_scatter, gather, scatter: ``n`` blocks), one rank's
+buffer (all_to_all); barrier ignores it. A pipelined entry (one with a ``chunk`` option) is priced at
+its best chunk count; its ``cost`` takes ``chunk_bytes=`` to price a fixed chunk instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
+from .. import collectives
 from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, pairwise, rabenseifner,
                recursive_doubling, recursive_halving, ring, tree)
+from .schedule import Schedule
 
-# collective -> algorithm name -> (schedule function, cost function)
-_ENTRIES = {
-    "all_reduce": {
-        "ring": (ring.all_reduce, ring.all_reduce_cost),
-        "tree": (tree.all_reduce, tree.all_reduce_cost),
-        "reduce_bcast": (binomial.all_reduce, binomial.all_reduce_cost),
-        "recursive_doubling": (recursive_doubling.all_reduce, recursive_doubling.all_reduce_cost),
-        "rabenseifner": (rabenseifner.all_reduce, rabenseifner.all_reduce_cost),
-        "double_tree": (double_tree.all_reduce, double_tree.all_reduce_cost),
-        "direct": (direct.all_reduce, direct.all_reduce_cost),
-        "hierarchical": (hierarchical.all_reduce, hierarchical.all_reduce_cost),
-    },
-    "reduce": {"binomial": (binomial.reduce, binomial.reduce_cost)},
-    "broadcast": {
-        "binomial": (binomial.broadcast, binomial.broadcast_cost),
-        "pipeline": (chain.broadcast, chain.broadcast_cost),
-    },
-    "all_gather": {
-        "ring": (ring.all_gather, ring.all_gather_cost),
-        "bruck": (bruck.all_gather, bruck.all_gather_cost),
-        "direct": (direct.all_gather, direct.all_gather_cost),
-    },
-    "reduce_scatter": {
-        "ring": (ring.reduce_scatter, ring.reduce_scatter_cost),
-        "recursive_halving": (recursive_halving.reduce_scatter, recursive_halving.reduce_scatter_cost),
-        "direct": (direct.reduce_scatter, direct.reduce_scatter_cost),
-    },
-    "all_to_all": {
-        "pairwise": (pairwise.all_to_all, pairwise.all_to_all_cost),
-        "bruck": (bruck.all_to_all, bruck.all_to_all_cost),
-    },
-    "gather": {"binomial": (binomial.gather, binomial.gather_cost)},
-    "scatter": {"binomial": (binomial.scatter, binomial.scatter_cost)},
-    "barrier": {"dissemination": (dissemination.barrier, dissemination.barrier_cost)},
-}
 
-_REGISTRY = MappingProxyType({c: {name: fn for name, (fn, _) in algos.items()} for c, algos in _ENTRIES.items()})
+@dataclass(frozen=True, eq=False)  # an entry is itself: hashable, compared by identity
+class Algorithm:
+    """One registry entry; calling it builds a rank's schedule (see the module docstring).
 
-COSTS = MappingProxyType({(c, name): cost for c, algos in _ENTRIES.items() for name, (_, cost) in algos.items()})
-"""``COSTS[(collective, name)](n, m, alpha, beta, gamma)``: predicted seconds (see the module docstring)."""
+    Example: ``get("all_reduce", "ring")(0, 2, 4)`` is rank 0's ring schedule for 4 elements on 2 ranks.
+    """
 
-COLLECTIVES: tuple[str, ...] = tuple(_REGISTRY)
+    collective: str
+    name: str
+    schedule: Callable[..., Schedule]  # fn(rank, size, count, *, root=0, **options)
+    cost: Callable[..., float] | None  # cost(n, m, alpha, beta, gamma); None: no formula, never chosen by auto
+    options: Mapping[str, Any] = field(default_factory=dict)  # option -> default; "chunk": elements per chunk
+    needs: tuple[str, ...] = ()  # options the caller must supply from the group: "hosts" (each host's ranks)
+    shift_invariant: bool = False  # with its default options, every rank is rank 0 rotated: the simulator times a cell
+    one_chunk_per_rank: bool = False  # cuts ``count`` into one chunk per rank (a cell rounds it up)
 
-ROOTED: frozenset[str] = frozenset({"reduce", "broadcast", "gather", "scatter"})  # take a meaningful root
+    def __post_init__(self):
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def __call__(self, rank: int, size: int, count: int, *, root: int = 0, **options) -> Schedule:
+        """This rank's schedule; ``TypeError`` for an option the entry does not take."""
+        unknown = options.keys() - self.options.keys() - set(self.needs) if options else ()
+        if unknown:
+            valid = ", ".join([*self.options, *self.needs]) or "none"
+            raise TypeError(f"{self.collective} algorithm {self.name!r} takes no option {', '.join(sorted(unknown))}; "
+                            f"its options: {valid}")
+        return self.schedule(rank, size, count, root=root, **{**self.options, **options})
+
+
+_CHUNK = {"chunk": tree.DEFAULT_CHUNK}
+
+ALGORITHMS: tuple[Algorithm, ...] = (
+    Algorithm("all_reduce", "ring", ring.all_reduce, ring.all_reduce_cost,
+              shift_invariant=True, one_chunk_per_rank=True),
+    Algorithm("all_reduce", "tree", tree.all_reduce, tree.all_reduce_cost, _CHUNK),
+    Algorithm("all_reduce", "reduce_bcast", binomial.all_reduce, binomial.all_reduce_cost),
+    Algorithm("all_reduce", "recursive_doubling", recursive_doubling.all_reduce, recursive_doubling.all_reduce_cost),
+    Algorithm("all_reduce", "rabenseifner", rabenseifner.all_reduce, rabenseifner.all_reduce_cost),
+    Algorithm("all_reduce", "double_tree", double_tree.all_reduce, double_tree.all_reduce_cost, _CHUNK),
+    Algorithm("all_reduce", "direct", direct.all_reduce, direct.all_reduce_cost,
+              shift_invariant=True, one_chunk_per_rank=True),
+    # invariant under a shift by one host
+    Algorithm("all_reduce", "hierarchical", hierarchical.all_reduce, hierarchical.all_reduce_cost,
+              {"cross": hierarchical.DEFAULT_CROSS}, needs=("hosts",), shift_invariant=True, one_chunk_per_rank=True),
+    Algorithm("reduce", "binomial", binomial.reduce, binomial.reduce_cost),
+    Algorithm("broadcast", "binomial", binomial.broadcast, binomial.broadcast_cost),
+    Algorithm("broadcast", "pipeline", chain.broadcast, chain.broadcast_cost, {"chunk": chain.DEFAULT_CHUNK}),
+    Algorithm("all_gather", "ring", ring.all_gather, ring.all_gather_cost, shift_invariant=True),
+    # Bruck's messages are cut in two where their blocks wrap past rank n - 1, on some ranks only; the
+    # pieces go to the same peer in the same step, and the finishing time is the same (tests/unit/test_sim.py)
+    Algorithm("all_gather", "bruck", bruck.all_gather, bruck.all_gather_cost, shift_invariant=True),
+    Algorithm("all_gather", "direct", direct.all_gather, direct.all_gather_cost, shift_invariant=True),
+    Algorithm("reduce_scatter", "ring", ring.reduce_scatter, ring.reduce_scatter_cost, shift_invariant=True),
+    Algorithm("reduce_scatter", "recursive_halving", recursive_halving.reduce_scatter,
+              recursive_halving.reduce_scatter_cost),
+    Algorithm("reduce_scatter", "direct", direct.reduce_scatter, direct.reduce_scatter_cost, shift_invariant=True),
+    Algorithm("all_to_all", "pairwise", pairwise.all_to_all, pairwise.all_to_all_cost, shift_invariant=True),
+    Algorithm("all_to_all", "bruck", bruck.all_to_all, bruck.all_to_all_cost, shift_invariant=True),
+    Algorithm("gather", "binomial", binomial.gather, binomial.gather_cost),
+    Algorithm("scatter", "binomial", binomial.scatter, binomial.scatter_cost),
+    Algorithm("barrier", "dissemination", dissemination.barrier, dissemination.barrier_cost, shift_invariant=True),
+)
+
+_REGISTRY = MappingProxyType({c: {a.name: a for a in ALGORITHMS if a.collective == c}
+                              for c in dict.fromkeys(a.collective for a in ALGORITHMS)})
+
+COLLECTIVES: tuple[str, ...] = tuple(c for c in collectives.NAMES if c in _REGISTRY)  # those with schedules
 
 DEFAULTS: dict[str, str] = {
     "all_reduce": "ring",
@@ -82,14 +115,14 @@ def names(collective: str) -> tuple[str, ...]:
     return tuple(_algorithms(collective))
 
 
-def get(collective: str, name: str):
-    """The schedule function ``name`` for ``collective``.
+def get(collective: str, name: str) -> Algorithm:
+    """The registry entry ``name`` for ``collective``.
 
     Raises:
         ValueError: for an unknown collective (listing the known ones) or an unknown algorithm
             (listing the collective's algorithms).
 
-    Example: ``get("all_reduce", "ring")(0, 2, 4)`` is rank 0's ring schedule for 4 elements on 2 ranks.
+    Example: ``get("all_reduce", "ring").shift_invariant`` is ``True``.
     """
     algorithms = _algorithms(collective)
     try:
@@ -100,7 +133,7 @@ def get(collective: str, name: str):
         ) from None
 
 
-def _algorithms(collective: str) -> dict:
+def _algorithms(collective: str) -> dict[str, Algorithm]:
     try:
         return _REGISTRY[collective]
     except KeyError:

@@ -30,6 +30,8 @@ from functools import lru_cache
 from . import direct
 from .schedule import Copy, Recv, Region, Schedule, Send, check_call, chunk_bounds, region, without_empty
 
+DEFAULT_CROSS = "ring"  # the all-reduce across hosts
+
 
 def check_hosts(hosts, size: int) -> tuple:
     """``hosts`` as a tuple of rank tuples (``None``: one host of all ranks).
@@ -49,7 +51,7 @@ def check_hosts(hosts, size: int) -> tuple:
 
 
 @lru_cache(maxsize=1024)
-def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None, cross: str = "ring") -> Schedule:
+def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None, cross: str = DEFAULT_CROSS) -> Schedule:
     """Hierarchical all-reduce of ``count`` elements in place in ``data``.
 
     Args:

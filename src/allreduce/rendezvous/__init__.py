@@ -2,213 +2,27 @@
 
 :func:`rendezvous` looks the URL's scheme up in a small registry, settles rank and world size (the
 argument, else the URL's ``?rank=&world_size=``, else the launcher's environment), has the scheme
-build a store, and holds a join barrier on it:
+build a store, and holds a join barrier on it. This package exports exactly that public surface;
+each part lives in a module of its own:
 
-- ``env://`` (the default): rank 0 hosts a :class:`TCPStore` at MASTER_ADDR:MASTER_PORT, bound to
-  MASTER_ADDR, and every rank connects to it;
-- ``tcp://host:port``: the same at the address given;
-- ``file:///path``: a :class:`FileStore` on a file every rank can reach.
-
-The join barrier: every rank writes its world size under its rank's key and counts itself in;
-rank 0 waits for every rank's key, compares the world sizes and publishes a verdict the others
-wait for. A rank that returns therefore knows that all ranks arrived and agree. A world size that
-differs from rank 0's, or a rank too many (two processes given one rank, or a file left by an
-earlier job), is a :class:`RendezvousError` now instead of a hung collective later.
+- :mod:`.join`: :func:`rendezvous` and its join barrier;
+- :mod:`.schemes`: the registry of URL schemes (``env://``, ``tcp://``, ``file://``);
+- :mod:`.environment`: rank, world size and store address from the launcher's variables;
+- :mod:`.store`: the :class:`Store` interface, what each request means, :class:`HashStore` and
+  :class:`PrefixStore`;
+- :mod:`.storewire`: the store's wire format, bytes in, messages out, no I/O;
+- :mod:`.tcpstore` and :mod:`.storeserver`: the TCP store's client and its host's server;
+- :mod:`.filestore`: the store on a shared file.
 """
 
 from __future__ import annotations
 
-import re
-import time
-from collections.abc import Callable
-from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
-
-from allreduce.errors import CommTimeout, RendezvousError
 from allreduce.rendezvous.environment import LaunchInfo, from_environment
 from allreduce.rendezvous.filestore import FileStore
-from allreduce.rendezvous.store import HashStore, PrefixStore, Store, TCPStore
+from allreduce.rendezvous.join import rendezvous
+from allreduce.rendezvous.schemes import Scheme, register_scheme, unregister_scheme
+from allreduce.rendezvous.store import HashStore, PrefixStore, Store
+from allreduce.rendezvous.tcpstore import TCPStore
 
-__all__ = ["rendezvous", "register_scheme", "Store", "PrefixStore", "HashStore", "TCPStore", "FileStore",
-           "LaunchInfo", "from_environment"]
-
-Scheme = Callable[[SplitResult, int, int, float], Store]
-_SCHEMES: dict[str, Scheme] = {}
-
-
-def register_scheme(name: str, build: Scheme) -> None:
-    """Make ``name://`` init_methods use the store ``build(url, rank, world_size, timeout)`` returns.
-
-    ``url`` is the init_method as parsed by ``urllib.parse.urlsplit``; rank and world size are
-    already settled. :func:`rendezvous` then holds the join barrier on the store.
-
-    Raises:
-        ValueError: ``name`` is not a URL scheme, or is already registered.
-    """
-    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", name):
-        raise ValueError(f"{name!r} is not a URL scheme (lower-case letters, digits, '+', '-', '.')")
-    if name in _SCHEMES:
-        raise ValueError(f"rendezvous scheme {name}:// is already registered")
-    _SCHEMES[name] = build
-
-
-def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int = -1,
-               timeout: float = 1800.0) -> tuple[Store, int, int]:
-    """Meet the other ranks at ``init_method``; return the shared store, this rank and the world size.
-
-    ``rank`` and ``world_size`` of -1 mean "from the URL's query, else from the environment".
-    Every rank returns only once all ``world_size`` ranks have joined. The caller owns the store
-    and closes it at the end (rank 0's close stops the TCP server, so rank 0 closes last).
-
-    Example (two ranks)::
-
-        rank 0: store, rank, size = rendezvous("tcp://10.0.0.1:23456", rank=0, world_size=2)
-        rank 1: store, rank, size = rendezvous("tcp://10.0.0.1:23456", rank=1, world_size=2)
-        both return once both have joined: (TCPStore(10.0.0.1:23456), rank, 2)
-
-    Raises:
-        ValueError: an unknown scheme, a malformed URL, or a rank/world size that is missing or out
-            of range; the message says what to set.
-        CommTimeout: not every rank joined within ``timeout`` seconds; says how many did.
-        RendezvousError: the store is unreachable, or the ranks disagree on the world size.
-    """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    url = urlsplit(init_method or "env://")
-    build = _SCHEMES.get(url.scheme)
-    if build is None:
-        known = ", ".join(f"{name}://" for name in sorted(_SCHEMES))
-        raise ValueError(f"init_method {init_method!r} has an unknown scheme; known schemes: {known}")
-    rank, world_size = _identify(url, rank, world_size)
-    store = build(url, rank, world_size, timeout)
-    try:
-        _join(store, rank, world_size, timeout)
-    except BaseException:
-        store.close()
-        raise
-    return store, rank, world_size
-
-
-def _identify(url: SplitResult, rank: int, world_size: int) -> tuple[int, int]:
-    """Settle rank and world size: argument, else URL query, else the launcher's environment."""
-    query = parse_qs(url.query)
-    rank = _from_query("rank", rank, query)
-    world_size = _from_query("world_size", world_size, query)
-    if -1 in (rank, world_size):
-        launch = from_environment()
-        if rank == -1:
-            rank = _required(launch.rank, "rank", "RANK")
-        if world_size == -1:
-            world_size = _required(launch.world_size, "world_size", "WORLD_SIZE")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of {world_size} (need 0 <= rank < world_size)")
-    return rank, world_size
-
-
-def _from_query(name: str, argument: int, query: dict[str, list[str]]) -> int:
-    if not isinstance(argument, int) or argument < -1:
-        raise ValueError(f"{name} must be an int >= 0, or -1 to read it from the environment; "
-                         f"got {argument!r}")
-    if name not in query:
-        return argument
-    try:
-        value = int(query[name][-1])
-    except ValueError:
-        raise ValueError(f"init_method has {name}={query[name][-1]!r}, which is not an integer") from None
-    if argument not in (-1, value):
-        raise ValueError(f"{name}={argument} disagrees with {name}={value} in the init_method")
-    return value
-
-
-def _required(value: int | None, argument: str, variable: str) -> int:
-    if value is None:
-        raise ValueError(f"{argument} is unknown: pass {argument}=, add ?{argument}= to the init_method, "
-                         f"set {variable}, or start the job with a launcher (torchrun, mpirun, srun)")
-    return value
-
-
-def _env_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
-    launch = from_environment()
-    return TCPStore(launch.master_addr, launch.master_port, is_server=rank == 0, timeout=timeout,
-                    world_size=world_size)
-
-
-def _tcp_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
-    try:
-        port = url.port
-    except ValueError:
-        port = None
-    if not url.hostname or port is None:
-        raise ValueError(f"tcp:// init_method needs host:port, e.g. tcp://10.0.0.1:23456; "
-                         f"got {url.geturl()!r}")
-    if port == 0 and world_size > 1:
-        raise ValueError(f"tcp:// port 0 lets rank 0 pick a port the others cannot know; name a free port "
-                         f"for world_size {world_size}")
-    return TCPStore(url.hostname, port, is_server=rank == 0, timeout=timeout, world_size=world_size)
-
-
-def _file_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
-    if url.netloc not in ("", "localhost") or not url.path:
-        raise ValueError(f"file:// init_method needs an absolute path, e.g. file:///shared/job42.store; "
-                         f"got {url.geturl()!r}")
-    return FileStore(unquote(url.path), timeout)
-
-
-def _join(store: Store, rank: int, world_size: int, timeout: float) -> None:
-    """The join barrier (see the module docstring), under keys ``rendezvous/...``."""
-    due = time.monotonic() + timeout
-    me = f"rank {rank}/{world_size}"
-    keys = store.prefix("rendezvous")
-    keys.set(f"world_size/{rank}", str(world_size).encode())
-    joined = keys.add("joined", 1)
-    if joined > world_size:
-        raise RendezvousError(f"{me}: {_too_many(store, joined, world_size)}")
-    try:
-        if rank == 0:
-            keys.wait([f"world_size/{r}" for r in range(world_size)], timeout=_left(due))
-            verdict = _verdict(store, keys, world_size)
-            keys.set("verdict", verdict.encode())
-        else:
-            root_size = int(keys.get("world_size/0", timeout=_left(due)))
-            if root_size != world_size:
-                raise RendezvousError(f"{me}: rank 0 has world_size {root_size}, this rank {world_size}; "
-                                      f"start every rank with the same world size")
-            verdict = keys.get("verdict", timeout=_left(due)).decode()
-    except CommTimeout as exc:
-        joined = keys.add("joined", 0)
-        absent = "" if rank else f" (missing: ranks {_absent(keys, world_size)})"
-        raise CommTimeout(f"{me}: rendezvous at {store!r} timed out after {timeout:g}s: {joined} of "
-                          f"{world_size} ranks joined{absent}") from exc
-    if verdict:
-        raise RendezvousError(f"{me}: {verdict}")
-
-
-def _verdict(store: Store, keys: Store, world_size: int) -> str:
-    """Rank 0's judgement once every rank's key is in: "" if all agree, else what is wrong."""
-    joined = keys.add("joined", 0)
-    if joined > world_size:
-        return _too_many(store, joined, world_size)
-    sizes = {r: int(keys.get(f"world_size/{r}")) for r in range(world_size)}
-    wrong = ", ".join(f"rank {r} has {size}" for r, size in sizes.items() if size != world_size)
-    if wrong:
-        return f"ranks disagree on world_size: rank 0 has {world_size}, {wrong}"
-    return ""
-
-
-def _too_many(store: Store, joined: int, world_size: int) -> str:
-    return (f"{joined} ranks joined a world of {world_size} at {store!r}: two processes were given one "
-            f"rank, or the store holds an earlier job's keys (remove a file:// file after each job)")
-
-
-def _absent(keys: Store, world_size: int, shown: int = 8) -> str:
-    absent = [r for r in range(world_size) if not keys.check([f"world_size/{r}"])]
-    listed = ", ".join(map(str, absent[:shown]))
-    return listed + (f" and {len(absent) - shown} more" if len(absent) > shown else "")
-
-
-def _left(due: float) -> float:
-    return max(due - time.monotonic(), 0.0)
-
-
-register_scheme("env", _env_store)
-register_scheme("tcp", _tcp_store)
-register_scheme("file", _file_store)
+__all__ = ["rendezvous", "register_scheme", "unregister_scheme", "Scheme", "Store", "PrefixStore", "HashStore",
+           "TCPStore", "FileStore", "LaunchInfo", "from_environment"]

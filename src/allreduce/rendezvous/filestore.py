@@ -24,7 +24,8 @@ import time
 
 from allreduce.errors import ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.store import DEFAULT_TIMEOUT, Store, apply_request, deadline, timed_out
+from allreduce.rendezvous.store import Store, apply_request, deadline, timed_out
+from allreduce.settings import DEFAULT_TIMEOUT
 
 _FIRST_PAUSE = 0.001  # seconds between the first polls of a waiting get
 _LAST_PAUSE = 0.05  # the longest pause between polls
@@ -32,6 +33,8 @@ _LAST_PAUSE = 0.05  # the longest pause between polls
 
 class FileStore(Store):
     """A store kept in the file at ``path`` (created if missing), shared by every process that opens it.
+
+    ``timeout`` is the default wait of ``get`` and ``wait`` (default: the group's timeout, 10 minutes).
 
     Example (two ranks on one host)::
 
@@ -59,7 +62,7 @@ class FileStore(Store):
         return f"FileStore({self.path})"
 
     def close(self) -> None:
-        if not self._closed:
+        if not self.closed:
             super().close()
             os.close(self._fd)
 
@@ -69,7 +72,7 @@ class FileStore(Store):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def _execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: wire.Request) -> wire.Response:
         due = deadline(request)
         changes = isinstance(request, wire.MUTATIONS)
         pause = _FIRST_PAUSE

@@ -1,43 +1,28 @@
-"""Key-value stores where ranks meet: the interface, an in-memory store and the TCP store.
+"""What a store is: the :class:`Store` interface, the meaning of each request, and two simple stores.
 
 Every store speaks the same six requests (:mod:`.storewire`): set, get, add, wait, check, delete.
 :class:`Store` turns its public methods into request messages and the answers back into values or
-errors; a store class only says how a request is answered (:meth:`Store._execute`), and
-:func:`apply_request` holds what each request means, so the in-memory store, the TCP server and the
-file store cannot drift apart. A get or wait whose keys are missing is parked until a later change
-sets them or its deadline passes, when it is answered :class:`~.storewire.TimedOut` and the caller
-gets a :class:`CommTimeout` naming the keys.
+errors; a store class only says how a request is answered (:meth:`Store.execute`), and
+:func:`apply_request` holds what each request means, so the in-memory store here, the TCP server
+(:mod:`.storeserver`) and the file store (:mod:`.filestore`) cannot drift apart. A get or wait whose
+keys are missing is parked until a later change sets them or its deadline passes, when it is
+answered :class:`~.storewire.TimedOut` and the caller gets a :class:`CommTimeout` naming the keys.
 
-:class:`TCPStore` is the store of ``env://`` and ``tcp://``: the rank that hosts it runs a
-:class:`_StoreServer`, one daemon thread that serves every client through a selector (a parked get
-costs no thread), and connects to it like every other rank. A client keeps a small
-pool of connections, one per request in flight, so threads that share a store never queue behind
-each other's blocking get. Every connection starts with the mutual challenge-response of
-:mod:`allreduce.auth` over the job's secret; the server reads nothing else from a client until it has
-passed, holds at most a few dozen bytes for it meanwhile, and closes it if it fails or is too slow.
+This module changes when the store's semantics do; how the requests travel is elsewhere
+(:mod:`.tcpstore` and :mod:`.storeserver` over TCP, :mod:`.filestore` through a shared file).
 """
 
 from __future__ import annotations
 
-import collections
 import math
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from allreduce import auth
-from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
+from allreduce.errors import CommTimeout, RendezvousError
 from allreduce.rendezvous import storewire as wire
-
-DEFAULT_TIMEOUT = 300.0  # seconds a get or wait waits when the call gives no timeout
-_CHUNK = 1 << 16  # bytes per recv
-_MAX_QUEUED = 64  # requests a client may send ahead of their answers before the server drops it
-_BACKLOG = 128  # listen backlog; at least the world size
-_HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secret
-_CONTEXT = b"store"  # what a store connection's handshake proves itself for
+from allreduce.settings import DEFAULT_TIMEOUT
 
 
 def apply_request(data: dict[str, bytes], request: wire.Request) -> wire.Response | None:
@@ -81,9 +66,9 @@ def deadline(request: wire.Request) -> float:
 class Store:
     """A key-value store shared by the ranks of one job (torch's ``Store`` on bytes).
 
-    Safe to share between threads. ``timeout`` is the default wait of ``get`` and ``wait``, in seconds.
-    Methods raise :class:`RendezvousError` once the store is closed, and the TCP store raises
-    :class:`PeerLost` if its server goes away.
+    Safe to share between threads. ``timeout`` is the default wait of ``get`` and ``wait``, in seconds
+    (default: the group's timeout, 10 minutes). Methods raise :class:`RendezvousError` once the store
+    is closed, and the TCP store raises :class:`PeerLost` if its server goes away.
     """
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT):
@@ -144,6 +129,11 @@ class Store:
         """The store this one is a view of (itself unless it is a prefix view)."""
         return self
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called; a closed store refuses every request."""
+        return self._closed
+
     def close(self) -> None:
         """Release this store's connections (and, on the rank that hosts it, the server)."""
         self._closed = True
@@ -154,20 +144,25 @@ class Store:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _execute(self, request: wire.Request) -> wire.Response:
-        """Answer ``request``, waiting as a get or wait requires; never ``None``."""
+    def execute(self, request: wire.Request) -> wire.Response:
+        """Answer ``request``, waiting as a get or wait requires; never ``None``.
+
+        The one method a store class implements. Callers use the methods above, which check their
+        arguments, refuse once the store is closed and turn the answer into a value or an error.
+        """
         raise NotImplementedError
 
     def _answer(self, request: wire.Request) -> wire.Response:
         if self._closed:
             raise RendezvousError(f"{self!r} is closed")
-        return self._execute(request)
+        return self.execute(request)
 
     def _call(self, request: wire.Request) -> wire.Response:
         response = self._answer(request)
         if isinstance(response, wire.TimedOut):
+            missing = listing(map(repr, response.missing))
             raise CommTimeout(f"{self!r}: {_describe(request)} timed out after "
-                              f"{request.timeout_ms / 1000:g}s; still missing: {_listing(response.missing)}")
+                              f"{request.timeout_ms / 1000:g}s; still missing: {missing}")
         if isinstance(response, wire.Failed):
             raise ValueError(f"{self!r}: {response.message}")
         return response
@@ -196,9 +191,11 @@ def _describe(request: wire.Get | wire.Wait) -> str:
     return f"wait for {len(request.keys)} keys"
 
 
-def _listing(keys: tuple[str, ...], shown: int = 8) -> str:
-    listed = ", ".join(repr(key) for key in keys[:shown])
-    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+def listing(items: Iterable[str], shown: int = 8) -> str:
+    """``items`` joined by commas, the first ``shown`` of them: ``"'a', 'b' and 3 more"``."""
+    items = list(items)
+    listed = ", ".join(items[:shown])
+    return listed + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 class PrefixStore(Store):
@@ -218,7 +215,7 @@ class PrefixStore(Store):
     def base(self) -> Store:
         return self._store.base
 
-    def _execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: wire.Request) -> wire.Response:
         if isinstance(request, (wire.Wait, wire.Check)):
             request = replace(request, keys=tuple(self._prefix + key for key in request.keys))
         else:
@@ -237,7 +234,7 @@ class HashStore(Store):
     def __repr__(self) -> str:
         return f"HashStore(<{len(self._data)} keys>)"
 
-    def _execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: wire.Request) -> wire.Response:
         due = deadline(request)
         with self._changed:
             while (response := apply_request(self._data, request)) is None:
@@ -248,327 +245,3 @@ class HashStore(Store):
             if isinstance(request, wire.MUTATIONS):
                 self._changed.notify_all()
             return response
-
-
-class _Link:
-    """One client connection to a store server: a blocking socket and its response decoder."""
-
-    def __init__(self, sock: socket.socket, where: str):
-        self._sock = sock
-        self._where = where
-        self._decoder = wire.ResponseDecoder()
-
-    def roundtrip(self, request: wire.Request, wait_s: float) -> wire.Response:
-        frame = wire.encode(request)
-        responses: list = []
-        self._sock.settimeout(wait_s)
-        try:
-            self._sock.sendall(frame)
-            while not responses:
-                data = self._sock.recv(_CHUNK)
-                if not data:
-                    break
-                responses = self._decoder.feed(data)
-        except TimeoutError as exc:
-            raise CommTimeout(f"store at {self._where} did not answer within {wait_s:g}s") from exc
-        except OSError as exc:
-            raise PeerLost(f"store at {self._where} closed the connection ({exc})") from exc
-        except ProtocolError as exc:
-            raise ProtocolError(f"store at {self._where} sent an invalid frame: {exc}") from exc
-        if not responses:
-            raise PeerLost(f"store at {self._where} closed the connection")
-        if len(responses) > 1 or self._decoder.pending:
-            raise ProtocolError(f"store at {self._where} answered more than it was asked")
-        return responses[0]
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-class TCPStore(Store):
-    """A store served over TCP by one rank and reached by all (the store of ``env://``, ``tcp://``).
-
-    With ``is_server`` this process also hosts the server, bound to exactly ``host`` (``"0.0.0.0"``
-    for every interface); port 0 picks a free port, and ``.port`` tells which. Every rank, the host
-    included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
-    host may start later. ``world_size`` sizes the server's listen backlog.
-
-    Example (two ranks)::
-
-        rank 0: store = TCPStore("10.0.0.1", 29500, is_server=True, timeout=60)
-        rank 1: store = TCPStore("10.0.0.1", 29500, is_server=False, timeout=60)
-        rank 1: store.set("hello", b"hi")      rank 0: store.get("hello") -> b"hi"
-
-    Raises:
-        RendezvousError: the port cannot be bound, or the server cannot be reached within ``timeout``.
-    """
-
-    def __init__(self, host: str, port: int, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                 world_size: int | None = None):
-        super().__init__(timeout)
-        if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
-            raise ValueError(f"store port must be 1-65535 (0 only where is_server picks one), got {port!r}")
-        if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
-            raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
-        self.host = host
-        self._server = _StoreServer(host, port, max(_BACKLOG, world_size or 0)) if is_server else None
-        self.port = self._server.port if self._server else port
-        self._idle: list[_Link] = []
-        self._idle_lock = threading.Lock()
-        self._reached = False  # a connection succeeded once: a refusal now means the server is gone
-        try:
-            self._idle.append(self._connect())
-        except BaseException:
-            self.close()
-            raise
-
-    def __repr__(self) -> str:
-        return f"TCPStore({self.host}:{self.port})"
-
-    @property
-    def is_server(self) -> bool:
-        """Whether this process hosts the store's server."""
-        return self._server is not None
-
-    def close(self) -> None:
-        super().close()
-        with self._idle_lock:
-            links, self._idle = self._idle, []
-        for link in links:
-            link.close()
-        if self._server is not None:
-            self._server.close()
-
-    def _execute(self, request: wire.Request) -> wire.Response:
-        with self._idle_lock:
-            link = self._idle.pop() if self._idle else None
-        if link is None:
-            link = self._connect()
-        try:
-            response = link.roundtrip(request, self.timeout + getattr(request, "timeout_ms", 0) / 1000)
-        except BaseException:
-            link.close()
-            raise
-        with self._idle_lock:
-            if self._closed:
-                link.close()
-            else:
-                self._idle.append(link)
-        return response
-
-    def _connect(self) -> _Link:
-        where = f"{self.host}:{self.port}"
-        address = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host), self.port)
-        due = time.monotonic() + self.timeout
-        pause = 0.01
-        while True:
-            try:
-                sock = socket.create_connection(address, timeout=max(due - time.monotonic(), 0.05))
-                break
-            except OSError as exc:
-                if self._reached and isinstance(exc, ConnectionRefusedError):
-                    raise PeerLost(f"the store at {where} is gone (connection refused): the rank that "
-                                   f"hosted it exited") from exc
-                remaining = due - time.monotonic()
-                if remaining <= 0:
-                    raise RendezvousError(
-                        f"cannot reach the store at {where} within {self.timeout:g}s ({exc}); check that "
-                        f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
-                        f"its host and a port this host may connect to") from exc
-                time.sleep(min(pause, remaining))
-                pause = min(pause * 2, 1.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._handshake(sock)
-        self._reached = True
-        return _Link(sock, where)
-
-    def _handshake(self, sock: socket.socket) -> None:
-        """Prove to the server that this process knows the job's secret and check that it does too,
-        before the first request; the server's half starts in :meth:`_StoreServer._accept`."""
-        try:
-            auth.client_handshake(sock, auth.job_key(), _CONTEXT, time.monotonic() + self.timeout)
-        except (OSError, ProtocolError) as exc:
-            sock.close()
-            raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc
-
-
-class _Peer:
-    """The server's state for one client: its decoder, requests not yet answered, unsent output."""
-
-    __slots__ = ("sock", "auth", "decoder", "queue", "current", "due", "out", "writing")
-
-    def __init__(self, sock: socket.socket, responder: auth.Responder):
-        self.sock = sock
-        self.auth: auth.Responder | None = responder  # the handshake, until the client has passed it
-        self.decoder = wire.RequestDecoder()
-        self.queue: collections.deque = collections.deque()  # decoded, not yet started
-        self.current: wire.Request | None = None  # the request being answered (maybe parked)
-        self.due = time.monotonic() + _HANDSHAKE_S  # when ``current`` (first: the handshake) times out
-        self.out: collections.deque[memoryview] = collections.deque()  # encoded answers not yet sent
-        self.writing = False  # registered for EVENT_WRITE
-
-
-class _StoreServer:
-    """Serves the store to every client from one daemon thread with a selector.
-
-    Each loop waits for sockets (or the nearest deadline of a parked request), reads and decodes what
-    arrived, then advances every client in turn until no answer changes the data any more: a set
-    thereby releases the gets parked on its key in the same round. A client's requests are answered
-    in order, and not until its earlier answers have drained (back-pressure); one that sends an
-    invalid frame, or more than ``_MAX_QUEUED`` requests ahead, is disconnected alone.
-    """
-
-    def __init__(self, host: str, port: int, backlog: int):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self._listener = socket.create_server((host, port), family=family, backlog=backlog)
-        except OSError as exc:
-            raise RendezvousError(f"cannot host the store at {host}:{port} ({exc}); use an address of this "
-                                  f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
-        self.port = self._listener.getsockname()[1]
-        self._key = auth.job_key()
-        self._max_strangers = 2 * backlog  # clients mid-handshake at once; more are closed at once
-        auth.warn_if_exposed(host)
-        self._listener.setblocking(False)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._data: dict[str, bytes] = {}
-        self._peers: set[_Peer] = set()
-        self._thread = threading.Thread(target=self._serve, name=f"allreduce-store:{self.port}", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop the thread, drop every client and close the listening socket."""
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass  # already closed
-        self._thread.join()
-        self._wake_w.close()
-
-    def _serve(self) -> None:
-        try:
-            while True:
-                for key, events in self._selector.select(self._next_timeout()):
-                    if key.fileobj is self._wake_r:
-                        return
-                    if key.fileobj is self._listener:
-                        self._accept()
-                        continue
-                    if events & selectors.EVENT_WRITE and key.data in self._peers:
-                        self._flush(key.data)
-                    if events & selectors.EVENT_READ and key.data in self._peers:
-                        self._receive(key.data)
-                self._advance_all()
-        finally:
-            for peer in list(self._peers):
-                self._drop(peer)
-            self._selector.close()
-            self._listener.close()
-            self._wake_r.close()
-
-    def _next_timeout(self) -> float | None:
-        parked = [peer.due for peer in self._peers if peer.current is not None or peer.auth is not None]
-        return max(min(parked) - time.monotonic(), 0.0) if parked else None
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:  # BlockingIOError when no one else is waiting
-                return
-            if sum(peer.auth is not None for peer in self._peers) >= self._max_strangers:
-                sock.close()  # a flood of connections that do not authenticate: refuse, don't pile up
-                continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # The handshake (see TCPStore._handshake): challenge now; the response arrives in _receive,
-            # and no byte reaches the client's RequestDecoder before it has passed.
-            peer = _Peer(sock, auth.Responder(self._key, _CONTEXT))
-            self._peers.add(peer)
-            self._selector.register(sock, selectors.EVENT_READ, peer)
-            peer.out.append(memoryview(peer.auth.greeting))
-            self._flush(peer)
-
-    def _receive(self, peer: _Peer) -> None:
-        try:
-            data = peer.sock.recv(_CHUNK)
-            peer.queue.extend(peer.decoder.feed(data if peer.auth is None else self._authenticate(peer, data)))
-        except BlockingIOError:
-            return
-        except (OSError, ProtocolError):
-            data = b""
-        if not data or len(peer.queue) > _MAX_QUEUED:
-            self._drop(peer)
-
-    def _authenticate(self, peer: _Peer, data: bytes) -> bytes:
-        """Feed the handshake; once the response is in, answer it and return what followed it.
-
-        Raises:
-            AuthError: the response was wrong (the refusal is sent; the caller drops the peer).
-        """
-        reply, rest = peer.auth.feed(data)
-        if reply is not None:
-            peer.out.append(memoryview(reply))
-            self._flush(peer)
-            if not peer.auth.passed:
-                raise auth.AuthError("a client failed the handshake")
-            peer.auth = None
-        return rest
-
-    def _advance_all(self) -> None:
-        changed = True
-        while changed:
-            changed = False
-            for peer in list(self._peers):
-                changed |= self._advance(peer)
-
-    def _advance(self, peer: _Peer) -> bool:
-        """Answer what ``peer`` asked, in order, as far as possible; return whether the data changed."""
-        if peer.auth is not None:  # still proving itself: nothing to answer, and dropped once late
-            if time.monotonic() >= peer.due:
-                self._drop(peer)
-            return False
-        changed = False
-        while peer in self._peers and not peer.out:
-            if peer.current is None:
-                if not peer.queue:
-                    break
-                peer.current = peer.queue.popleft()
-                peer.due = deadline(peer.current)
-            response = apply_request(self._data, peer.current)
-            if response is None:
-                if time.monotonic() < peer.due:
-                    break
-                response = timed_out(self._data, peer.current)
-            changed |= isinstance(peer.current, wire.MUTATIONS)
-            peer.current = None
-            peer.out.append(memoryview(wire.encode(response)))
-            self._flush(peer)
-        return changed
-
-    def _flush(self, peer: _Peer) -> None:
-        try:
-            while peer.out:
-                sent = peer.sock.send(peer.out[0])
-                if sent < len(peer.out[0]):
-                    peer.out[0] = peer.out[0][sent:]
-                    break
-                peer.out.popleft()
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._drop(peer)
-            return
-        if peer.writing != bool(peer.out):
-            peer.writing = bool(peer.out)
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.writing else 0)
-            self._selector.modify(peer.sock, events, peer)
-
-    def _drop(self, peer: _Peer) -> None:
-        if peer in self._peers:
-            self._peers.discard(peer)
-            self._selector.unregister(peer.sock)
-            peer.sock.close()

@@ -1,31 +1,30 @@
 """The simulator: the registry's own schedules, timed on a modelled network instead of run on a real one.
 
-:func:`simulate` reads a collective's schedules into per-step message arrays (``traffic.py``) and
-times them (``engine.py``) on a :class:`Network` (``network.py``: alpha, beta and duplex per class of
-link, the hosts' NICs, gamma per byte reduced). Nothing here opens a socket or starts a thread, so any
-world size can be predicted on a laptop: algorithms that are the same on every rank up to a rotation
-are run on one host's worth of ranks (a *cell*), and pipelines of many chunks are run at two
-shorter lengths and extended along the straight line their time follows once the pipeline is full.
-``tests/test_sim.py`` checks both shortcuts against the full step-by-step run.
+:func:`simulate` reads a collective's schedules into per-step message arrays (``model/traffic.py``)
+and times them (``engine.py``) on a :class:`Network` (``model/network.py``: alpha, beta and duplex per
+class of link, the hosts' NICs, gamma per byte reduced). Nothing here opens a socket or starts a
+thread, so any world size can be predicted on a laptop: algorithms that are the same on every rank up
+to a rotation are run on one host's worth of ranks (a *cell*), and pipelines of many chunks are run at
+two shorter lengths and extended along the straight line their time follows once the pipeline is full.
+``tests/unit/test_sim.py`` checks both shortcuts against the full step-by-step run.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import bench
-from ..algorithms import get
+from .. import collectives
+from ..algorithms import Algorithm, get
+from ..model import traffic
+from ..model.network import Link, Network
 from ..trace import Trace
-from . import engine, traffic
-from .network import Link, Network
+from . import engine
 
-__all__ = ["Link", "Network", "Result", "simulate", "count_for", "bus_factor"]
+__all__ = ["Link", "Network", "Result", "simulate"]
 
-SPLIT = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})  # size = n blocks
 PIPELINE_EXACT = 48  # pipelines of more chunks than this are extrapolated
 _SHORT = (32, 48)  # the two chunk counts the extrapolation runs
 
@@ -52,20 +51,7 @@ class Result:
     @property
     def busbw(self) -> float:
         """nccl-tests' bus bandwidth, comparable with the link speed (GB/s)."""
-        return self.algbw * bus_factor(self.collective, self.size)
-
-
-def bus_factor(collective: str, size: int) -> float:
-    """From algorithm to bus bandwidth as ``allreduce bench`` does; 1 for collectives it does not time."""
-    return bench.bus_factor(collective, size) if collective in bench.COLLECTIVES else 1.0
-
-
-def count_for(collective: str, nbytes: int, size: int, itemsize: int) -> int:
-    """The schedule's ``count`` for a buffer of ``nbytes``: whole elements, per rank for split collectives."""
-    if collective == "barrier":
-        return 0
-    items = nbytes // itemsize
-    return max(1, items // size) if collective in SPLIT else items
+        return self.algbw * collectives.get(self.collective).bus_factor(self.size)
 
 
 def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: Network, *, itemsize: int = 4,
@@ -94,9 +80,10 @@ def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: N
     if size < 1:
         raise ValueError(f"world size must be at least 1, got {size}")
     network.ranks_per_host(size)
-    count = count_for(collective, nbytes, size, itemsize)
-    whole = count * itemsize * (size if collective in SPLIT else 1)
-    chunk = _chunk_option(collective, algorithm, options)
+    facts = collectives.get(collective)
+    count = facts.count_for(nbytes, size, itemsize)
+    whole = facts.whole(count, size) * itemsize
+    chunk = _chunk_option(get(collective, algorithm), options)
     chunks = -(-count // chunk) if chunk else 0
     if chunks <= PIPELINE_EXACT:
         t = _timed(collective, algorithm, size, count, itemsize, network, root, trace, trace_ranks, options)
@@ -131,12 +118,11 @@ def _timed(collective, algorithm, size, count, itemsize, network, root, trace, t
     return _Timed(float(finish.max(initial=0.0)), flow.steps, flow.messages, "cell" if flow.ranks < size else "full")
 
 
-def _chunk_option(collective: str, algorithm: str, options: dict) -> int | None:
-    """Elements per pipeline chunk when the schedule function takes a ``chunk`` option, else ``None``."""
-    parameter = inspect.signature(get(collective, algorithm)).parameters.get("chunk")
-    if parameter is None:
+def _chunk_option(entry: Algorithm, options: dict) -> int | None:
+    """Elements per pipeline chunk when the entry takes a ``chunk`` option, else ``None``."""
+    if "chunk" not in entry.options:
         return None
-    chunk = options.get("chunk", parameter.default)
+    chunk = options.get("chunk", entry.options["chunk"])
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"pipeline chunk must be a positive number of elements, got {chunk!r}")
     return chunk

@@ -1,4 +1,4 @@
-"""Times :class:`~allreduce.sim.traffic.Traffic` on a :class:`~allreduce.sim.network.Network`.
+"""Times :class:`~allreduce.model.traffic.Traffic` on a :class:`~allreduce.model.network.Network`.
 
 The engine keeps, per rank, the time it finished its last step (``ready``); there is no global clock
 tick, so fast ranks run ahead exactly as the executor lets them. One step at a time, for all its
@@ -28,8 +28,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .network import Network
-from .traffic import Traffic
+from ..model.network import Network
+from ..model.traffic import Traffic
 
 # on_step(step, t0, end, done): per message of the step, start, end of transfer, end of reduction
 StepHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from . import Result, simulate
-from .network import Network
+from ..model.network import Network
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ never see an error.) Tensors the core cannot view in place (CUDA, non-contiguous
 (:class:`.tensors.Staged`) and copied back before the work completes.
 
 What this relies on in torch beyond the documented ``register_backend`` is private and listed in
-:data:`TORCH_HOOKS`; ``tests/test_torch_backend.py`` checks that the pinned torch still has it.
+:data:`TORCH_HOOKS`; ``tests/torch/test_torch_backend.py`` checks that the pinned torch still has it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ import threading
 import torch
 import torch.distributed as dist
 
-from allreduce import api
+from allreduce import api, bootstrap
 from allreduce.ops import ReduceOp
+from allreduce.settings import Settings
+from allreduce.transport.shm import ShmOptions
 
 from .tensors import Staged
 from .torchstore import TorchStore
@@ -162,7 +164,7 @@ class ProcessGroupAllreduce(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Close the group, then leave the store (rank 0 waits briefly for the others to leave)."""
         self.group.close()
-        api._leave(self.group.store, self.group.size)
+        bootstrap.leave(self.group.store, self.group.size)
 
     def abort(self) -> None:
         self.group.close()
@@ -207,8 +209,8 @@ def create(options, backend_options=None) -> ProcessGroupAllreduce:
     seconds = options.timeout.total_seconds()
     ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
     store = TorchStore(options.store, seconds, is_server=options.group_rank == 0)
-    group = api._form_group(store, options.group_rank, options.group_size, seconds,
-                            f"torch-{options.group_id}", ranks)
+    group = bootstrap.form_group(store, options.group_rank, options.group_size, seconds, f"torch-{options.group_id}",
+                                 ranks, Settings.from_env(), ShmOptions.from_env())
     return ProcessGroupAllreduce(group)
 
 

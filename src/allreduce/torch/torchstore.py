@@ -2,7 +2,7 @@
 
 torch hands a backend the store its ranks already met on (TCPStore, FileStore or HashStore, behind
 a per-group prefix). Forming the allreduce group on that same store means no second rendezvous and
-no second port. A store class only answers requests (:meth:`Store._execute`); this one maps each
+no second port. A store class only answers requests (:meth:`Store.execute`); this one maps each
 request onto the torch store's method of the same meaning. torch signals a timed-out ``wait`` with
 ``DistStoreError``, which becomes the ``TimedOut`` answer (and the caller's :class:`CommTimeout`);
 it reads a zero timeout as "forever", so a zero-timeout wait is a ``check``. Any other torch store
@@ -43,7 +43,7 @@ class TorchStore(Store):
     def __repr__(self) -> str:
         return f"TorchStore({type(self._store).__name__})"
 
-    def _execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: wire.Request) -> wire.Response:
         try:
             return self._respond(request)
         except dist.DistError as exc:  # the store's host is gone or unreachable

@@ -1,13 +1,14 @@
 """TCP transport: one connection per pair of ranks, all progressed by a single poll loop.
 
 Links are set up once, when the group forms: every rank listens on the address it was given, publishes
-it in the store, connects to every lower rank and accepts every higher one. A short hello (magic, the
-group's tag, both ranks) says which link a connection is meant to be, and the mutual challenge-response
-of :mod:`..auth`, bound to that hello, proves that both ends know the job's secret; any other
-connection is closed at once and the group forms without it. Links use TCP keepalive, so a link that
-dies silently (cable, switch) while a rank waits on it errors within about ten seconds rather than
-only at the collective's deadline. (Not ``TCP_USER_TIMEOUT``: it would also cut the link to a peer
-that is alive but busy, whose full receive buffer holds our data unacknowledged.)
+it in the store, connects to every lower rank and accepts every higher one (:mod:`.mesh`). A short
+hello (:mod:`.hello`: magic, the group's tag, both ranks) says which link a connection is meant to be,
+and the mutual challenge-response of :mod:`..auth`, bound to that hello, proves that both ends know
+the job's secret; any other connection is closed at once and the group forms without it. Links use
+TCP keepalive, so a link that dies silently (cable, switch) while a rank waits on it errors within
+about ten seconds rather than only at the collective's deadline. (Not ``TCP_USER_TIMEOUT``: it would
+also cut the link to a peer that is alive but busy, whose full receive buffer holds our data
+unacknowledged.)
 
 During a collective the sockets are non-blocking. :meth:`TcpTransport.exchange` pushes header and
 payload with one ``sendmsg`` and receives straight into the destination memoryview with ``recv_into``
@@ -18,31 +19,22 @@ ahead waits in the kernel until its step comes.
 
 from __future__ import annotations
 
-import hashlib
 import select
 import socket
-import struct
 import time
 from collections import deque
 from itertools import islice
 
 from .. import auth, wire
-from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError
+from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError, with_peer
+from . import hello, mesh
 from .base import RecvSpec, SendSpec, Transport
 
-_HELLO = struct.Struct("<4sii16s")  # magic, sender rank, receiver rank, group tag digest
-_HELLO_MAGIC = b"ARHI"
-_STRANGER_S = 5.0  # seconds a connection may take over its hello and handshake before it is dropped
-_PROBE_S = 0.5  # quiet seconds while forming the mesh before checking that the missing ranks still listen
+HELLO = hello.Format(b"ARHI")  # no terms: the handshake that follows proves the rest
 _KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}  # idle s, s between probes, probes
 _IOV_MAX = 64  # buffers per sendmsg call
 _SMALL_FRAME = 1 << 16  # payloads up to this size are read together with their header
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
-
-
-def _with_peer(exc: AllreduceError, peer: int) -> AllreduceError:
-    exc.peer = peer
-    return exc
 
 
 class _Link:
@@ -63,7 +55,8 @@ class _Link:
 
     def lost(self, exc: BaseException | None = None) -> PeerLost:
         why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
-        return _with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"), self.peer)
+        return with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"),
+                         self.peer)
 
     def send_some(self) -> None:
         """Send until the socket is full or nothing is left."""
@@ -126,15 +119,15 @@ class _Link:
         try:
             header = wire.decode(self.hdr)
         except ProtocolError as exc:
-            raise _with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
+            raise with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
         if header.kind == wire.ABORT:  # the small-frame read may have taken the start of the reason already
             early = bytes(spec.dest[:min(self.got, header.nbytes)])
             reason = self._read_abort_reason(early, header.nbytes)
-            raise _with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
+            raise with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
         try:
             wire.check(spec.header, header)
         except AllreduceError as exc:
-            raise _with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
+            raise with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
 
     def _read_abort_reason(self, data: bytes, nbytes: int) -> str:
         self.sock.settimeout(1.0)
@@ -161,42 +154,14 @@ class TcpTransport(Transport):
 
     @classmethod
     def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float) -> "TcpTransport":
-        """Form the mesh through ``store``: listen on ``host``, connect down, accept up.
-
-        A rank dials every lower rank before it accepts anyone, and listens until every higher rank
-        has connected; so a missing higher rank whose listener refuses is gone, and waiting for it
-        (checked after each quiet ``_PROBE_S``) would only delay the error.
+        """Form the mesh (:func:`.mesh.form`) through ``store``: listen on ``host``, connect down, accept up.
 
         Raises ``RendezvousError`` when a peer cannot be reached before ``timeout`` seconds,
         ``PeerLost`` as soon as one is known to have died.
         """
-        deadline = time.monotonic() + timeout
-        digest = hashlib.blake2b(tag.encode(), digest_size=16).digest()
-        key = auth.job_key()
         auth.warn_if_exposed(host)
-        listener = socket.create_server((host, 0), backlog=max(size, 16))
-        links: dict[int, socket.socket] = {}
-        try:
-            store.set(f"tcp/{rank}", f"{host}:{listener.getsockname()[1]}".encode())
-            for peer in range(rank):
-                links[peer] = _dial(store, rank, peer, digest, key, deadline)
-            while len(links) < size - 1:
-                missing = [peer for peer in range(rank + 1, size) if peer not in links]
-                if time.monotonic() >= deadline:
-                    raise RendezvousError(f"rank {rank} timed out waiting for ranks {missing} to connect")
-                peer, sock = _answer(listener, rank, size, digest, key, min(deadline, time.monotonic() + _PROBE_S))
-                if peer is None:
-                    _probe(store, rank, missing)
-                elif peer in links:
-                    sock.close()
-                else:
-                    links[peer] = sock
-        except BaseException:
-            for sock in links.values():
-                sock.close()
-            raise
-        finally:
-            listener.close()
+        peering = TcpPeering(rank, size, host, tag, auth.job_key())
+        links = mesh.form(peering, store, rank, range(size), time.monotonic() + timeout)
         return cls(rank, size, links)
 
     def exchange(self, sends: list[SendSpec], recvs: list[RecvSpec], deadline: float,
@@ -256,7 +221,7 @@ class TcpTransport(Transport):
         waiting = [l for l in busy.values() if l.inq] or list(busy.values())
         link = waiting[0]
         what = "waiting for" if link.inq else "waiting to send to"
-        return _with_peer(CommTimeout(f"{what} rank {link.peer}"), link.peer)
+        return with_peer(CommTimeout(f"{what} rank {link.peer}"), link.peer)
 
     def abort(self, reason: str) -> None:
         frame = wire.abort_frame(reason)
@@ -278,87 +243,88 @@ class TcpTransport(Transport):
         self._links = {}
 
 
-def _dial(store, rank: int, peer: int, digest: bytes, key: bytes, deadline: float) -> socket.socket:
-    """Connect to a lower rank, say hello and authenticate both ways; retry until the deadline.
+class TcpPeering:
+    """The TCP side of the mesh (:mod:`.mesh`): inet sockets, a hello, then the job's challenge-response.
 
-    A refused connection is final: ``peer`` listens from before it publishes its address until every
-    higher rank has connected, so a refusal means it is gone. So is a failed handshake (different
-    secrets): retrying cannot mend it.
+    Example (what rank 1 of a two-rank group does to link with rank 0)::
+
+        link = mesh.dial(TcpPeering(1, 2, "127.0.0.1", "g", auth.job_key()), store, 0, deadline)
     """
-    address = store.get(f"tcp/{peer}", timeout=max(0.0, deadline - time.monotonic())).decode()
-    host, port = address.rsplit(":", 1)
-    hello = _HELLO.pack(_HELLO_MAGIC, rank, peer, digest)
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
-        except ConnectionRefusedError as exc:
-            raise _with_peer(PeerLost(f"rank {rank} could not connect to rank {peer} at {address}: connection "
-                                      f"refused, so rank {peer} exited or failed while the group was forming"),
-                             peer) from exc
-        except OSError as exc:
-            last = exc
+
+    kind = "tcp"
+    joining = "connect"
+
+    def __init__(self, rank: int, size: int, host: str, tag: str, key: bytes):
+        self.rank = rank
+        self.size = size
+        self.host = host
+        self.digest = hello.group_digest(tag)
+        self.key = key
+
+    def listen(self, backlog: int) -> tuple[socket.socket, str]:
+        listener = socket.create_server((self.host, 0), backlog=backlog)
+        return listener, f"{self.host}:{listener.getsockname()[1]}"
+
+    def dial(self, peer: int, address: str, deadline: float) -> socket.socket:
+        """Connect to a lower rank, say hello and authenticate both ways; retry until the deadline.
+
+        A refused connection is final: ``peer`` listens from before it publishes its address until every
+        higher rank has connected, so a refusal means it is gone. So is a failed handshake (different
+        secrets): retrying cannot mend it.
+        """
+        host, port = address.rsplit(":", 1)
+        greeting = HELLO.encode(hello.Hello(self.rank, peer, self.digest))
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            except ConnectionRefusedError as exc:
+                raise with_peer(PeerLost(f"rank {self.rank} could not connect to rank {peer} at {address}: "
+                                         f"connection refused, so rank {peer} exited or failed while the group "
+                                         f"was forming"), peer) from exc
+            except OSError as exc:
+                last = exc
+                time.sleep(0.05)
+                continue
+            try:
+                sock.sendall(greeting)
+                auth.client_handshake(sock, self.key, b"peer" + greeting, deadline)
+                _tune(sock)
+                sock.settimeout(None)
+                return sock
+            except auth.AuthError as exc:
+                sock.close()
+                raise with_peer(RendezvousError(f"rank {self.rank} could not authenticate with rank {peer} at "
+                                                f"{address}: {exc}"), peer) from exc
+            except (OSError, ProtocolError) as exc:
+                sock.close()
+                last = exc
             time.sleep(0.05)
-            continue
+        raise RendezvousError(f"rank {self.rank} could not connect to rank {peer} at {address}: {last}")
+
+    def answer(self, sock: socket.socket, due: float) -> tuple[int, socket.socket] | None:
+        """Check an accepted connection's hello and proof; ``None`` (closed) for a stranger."""
+        decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, range(self.rank + 1, self.size)))
         try:
-            sock.sendall(hello)
-            auth.client_handshake(sock, key, b"peer" + hello, deadline)
+            sock.settimeout(max(0.1, due - time.monotonic()))
+            greeting = None
+            while greeting is None:
+                chunk = sock.recv(decoder.missing)
+                if not chunk:
+                    raise ProtocolError("connection closed during the hello")
+                greeting, _ = decoder.feed(chunk)
+            auth.server_handshake(sock, self.key, b"peer" + HELLO.encode(greeting), due)
             _tune(sock)
             sock.settimeout(None)
-            return sock
-        except auth.AuthError as exc:
+            return greeting.sender, sock
+        except (OSError, ProtocolError):
             sock.close()
-            raise _with_peer(RendezvousError(f"rank {rank} could not authenticate with rank {peer} at "
-                                             f"{address}: {exc}"), peer) from exc
-        except (OSError, ProtocolError) as exc:
-            sock.close()
-            last = exc
-        time.sleep(0.05)
-    raise RendezvousError(f"rank {rank} could not connect to rank {peer} at {address}: {last}")
+            return None
 
-
-def _answer(listener: socket.socket, rank: int, size: int, digest: bytes, key: bytes, until: float):
-    """Accept one connection by ``until`` and check its hello and its proof: ``(sender, socket)``, or
-    ``(None, None)`` when no one came or a stranger did (closed at once)."""
-    listener.settimeout(max(until - time.monotonic(), 0.001))
-    try:
-        sock, _ = listener.accept()
-    except TimeoutError:
-        return None, None
-    try:
-        due = time.monotonic() + _STRANGER_S
-        sock.settimeout(max(0.1, due - time.monotonic()))
-        data = b""
-        while len(data) < _HELLO.size:
-            chunk = sock.recv(_HELLO.size - len(data))
-            if not chunk:
-                break
-            data += chunk
-        magic, sender, receiver, their_digest = _HELLO.unpack(data)
-        if magic != _HELLO_MAGIC or receiver != rank or their_digest != digest or not rank < sender < size:
-            raise ValueError("not a peer of this group")
-        auth.server_handshake(sock, key, b"peer" + data, due)
-        _tune(sock)
-        sock.settimeout(None)
-        return sender, sock
-    except (OSError, ValueError, struct.error, ProtocolError):
-        sock.close()
-        return None, None
-
-
-def _probe(store, rank: int, missing: list[int]) -> None:
-    """``PeerLost`` if a missing higher rank published its address but no longer listens there."""
-    for peer in missing:
-        if not store.check([f"tcp/{peer}"]):
-            continue
-        host, port = store.get(f"tcp/{peer}", timeout=1.0).decode().rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
-        except ConnectionRefusedError as exc:
-            raise _with_peer(PeerLost(f"rank {rank}: rank {peer} stopped listening before it connected to this "
-                                      f"rank: it exited or failed while the group was forming"), peer) from exc
-        except OSError:  # unreachable or slow: no verdict, keep waiting
-            pass
+    @staticmethod
+    def knock(address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=1.0).close()
 
 
 def _tune(sock: socket.socket) -> None:

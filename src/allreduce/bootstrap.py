@@ -1,0 +1,106 @@
+"""Forming a group: find where each rank runs, connect the transports, and leave again.
+
+Used alike by :func:`allreduce.init_process_group`/:func:`allreduce.new_group` and by the
+torch.distributed backend, which brings its own store. The environment has been read by the caller,
+into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from . import algorithms, topology
+from .addresses import is_loopback
+from .group import ProcessGroup
+from .settings import Settings
+from .timeline import TimelineTransport
+from .transport import shm
+from .transport.routed import RoutedTransport
+from .transport.tcp import TcpTransport
+
+LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
+
+
+def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int],
+               settings: Settings, shm_options: shm.ShmOptions | None = None) -> ProcessGroup:
+    """Join ``size`` ranks that share ``store`` into a :class:`ProcessGroup`.
+
+    Args:
+        store: the key-value store every member reaches (a prefix view for a subgroup).
+        rank, size: this rank's index in the group and the group's size.
+        timeout: seconds for connecting, and the deadline of every collective later.
+        name: the group's name, unique in the job (it tags every connection).
+        ranks: the members' ranks in the world group.
+        settings, shm_options: what the environment asked for.
+
+    Raises:
+        RendezvousError: a peer could not be reached in time. ValueError: settings that cannot apply.
+    """
+    check_forced_algorithm(settings.algorithm)
+    topo = topology.discover(store, rank, size, timeout, settings.host_id)
+    transport, intra = connect(store, rank, size, topo, name, timeout, settings, shm_options)
+    if settings.timeline:  # a Chrome trace per rank, written when the group closes
+        transport = TimelineTransport(transport, settings.timeline, ranks[rank], name)
+    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra, settings)
+
+
+def check_forced_algorithm(name: str) -> None:
+    """``ValueError`` unless ``name`` (``ALLREDUCE_ALGO``) is ``auto`` or some collective's algorithm."""
+    known = sorted({a for c in algorithms.COLLECTIVES for a in algorithms.names(c)})
+    if name != "auto" and name not in known:
+        raise ValueError(f"ALLREDUCE_ALGO={name!r} is not an algorithm; use auto or one of {', '.join(known)}")
+
+
+def connect(store, rank: int, size: int, topo: topology.Topology, name: str, timeout: float,
+            settings: Settings, shm_options: shm.ShmOptions | None = None):
+    """``(transport, intra)``: shared memory among this host's ranks where the platform allows, TCP to
+    the others; ``settings.transport`` may force one. ``intra`` names the one used inside a host."""
+    local = list(topo.local_ranks)
+    if settings.transport == "shm" and (len(topo.hosts) > 1 or not shm.available()):
+        why = (f"this group spans {len(topo.hosts)} hosts" if len(topo.hosts) > 1
+               else "this platform lacks memfd, Unix seqpacket sockets or x86-64 memory ordering")
+        raise ValueError(f"ALLREDUCE_TRANSPORT=shm needs every rank on one host of a capable platform, but {why}; "
+                         "unset it to let each pair of ranks use what reaches it")
+    if settings.transport == "tcp" or len(local) == 1 or not shm.available():
+        return TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout), "tcp"
+    near = shm.ShmTransport.connect(rank, size, store, name, timeout, local, shm_options or shm.ShmOptions())
+    if len(local) == size:
+        return near, "shm"
+    try:
+        far = TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout)
+    except BaseException:
+        near.close()
+        raise
+    others = [r for r in range(size) if r not in local]
+    return RoutedTransport(rank, size, [(near, [r for r in local if r != rank]), (far, others)]), "shm"
+
+
+def bind_host(store, settings: Settings) -> str:
+    """The address peers reach this rank on: ``settings.address``, else the interface facing the store."""
+    if settings.address:
+        return settings.address
+    store = store.base  # a subgroup's prefix view: the address is the underlying store's
+    host = getattr(store, "host", None)
+    if not host or is_loopback(host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+        probe.connect((host, getattr(store, "port", 9)))
+        return probe.getsockname()[0]
+
+
+def leave(store, size: int, wait: bool = True) -> None:
+    """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it.
+
+    After a failure (``wait=False``) nobody waits: the missing ranks may be dead.
+    """
+    try:
+        left = store.add("leave", 1)
+        if wait and getattr(store.base, "is_server", False):
+            deadline = time.monotonic() + LEAVE_GRACE
+            while left < size and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = store.add("leave", 0)
+    except Exception:  # the store host may already be gone; leaving is best effort
+        pass
+    store.close()

@@ -1,0 +1,232 @@
+"""The alpha-beta-gamma cost model: what the machine costs (a :class:`Profile`) and what each algorithm
+is predicted to take on it (:func:`predict`).
+
+A profile holds, per transport (``tcp``, ``shm``) and *scope* (``intra``: ranks of one host,
+``inter``: between hosts), a :class:`~allreduce.model.network.Link` (alpha seconds per message, beta
+seconds per byte, and how much a port slows down when it sends and receives at once), plus gamma
+(seconds per byte reduced) per dtype, the cost of a local copy, and the cores per host (a host running
+more ranks than it has cores is slower at everything its CPU does; see
+:class:`~allreduce.model.network.Network`). ``allreduce tune`` measures it and stores it as JSON;
+:func:`load` reads it from the file the caller names (``ALLREDUCE_PROFILE``, read into the group's
+settings) or the user's cache (``~/.cache/allreduce/profile.json``), and anything a file leaves out
+comes from :data:`DEFAULT`, measured on the development machine (the inter-host link there is an
+assumed 10 GbE network, since one machine cannot measure it).
+
+Predictions use each algorithm's own formula, ``algorithms.get(collective, name).cost(n, m, alpha,
+beta, gamma)`` with ``m`` the bytes of the whole buffer (a pipelined entry at the chunk it runs),
+priced on one *effective link*: on one host the intra-host link; with one rank per host the
+inter-host link; otherwise the inter-host link with its bandwidth divided by the number of the host's
+ranks that the algorithm has crossing hosts at once (counted from its schedules, once per world size;
+all of the fullest host's ranks when hosts differ in size), which is what the host's NIC sees.
+``beta`` is multiplied by ``duplex`` because the busy ranks of these algorithms send and receive in
+the same step. The formulas count no local copies, so the busiest rank's copies (counted from the
+schedules, once per world size) are added at ``copy`` per byte. The simulator (:mod:`allreduce.sim`)
+times the same schedules message by message when a finer answer is worth the wait;
+``allreduce plan --simulate`` shows both.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import algorithms, collectives
+from ..model import traffic
+from ..model.network import Link, Network
+
+TRANSPORTS = ("tcp", "shm")
+SCOPES = ("intra", "inter")
+FORMAT = 1  # version of the profile file
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs of one machine (or cluster); hashable so predictions can be cached."""
+
+    links: tuple  # ((transport, scope, Link), ...)
+    gamma: tuple  # ((dtype name, seconds per byte reduced), ...)
+    copy: float  # seconds per byte of a local copy
+    source: str = "built-in defaults"  # the file it was read from
+    machine: str = ""  # what measured it, free text
+    cores: int = 0  # cores per host (0: unknown, never fewer than the ranks)
+
+    def link(self, transport: str, scope: str) -> Link:
+        """The link of ``transport`` in ``scope``; a transport without its own intra-host figures (or
+        any inter-host ones) falls back to TCP's."""
+        for candidate in ((transport, scope), ("tcp", scope)):
+            for t, s, link in self.links:
+                if (t, s) == candidate:
+                    return link
+        raise ValueError(f"profile {self.source} has no {transport} {scope}-host link")
+
+    def gamma_for(self, dtype) -> float:
+        """Seconds per byte reduced for ``dtype``; float32's for a dtype the profile does not list."""
+        table = dict(self.gamma)
+        return table.get(dtype if isinstance(dtype, str) else str(np.dtype(dtype)), table["float32"])
+
+    def network(self, hosts: int = 1, dtype="float32", transport: str = "tcp") -> Network:
+        """The simulator's :class:`Network` for ``hosts`` hosts, reducing ``dtype`` over ``transport``."""
+        return Network(self.link(transport, "intra"), self.link("tcp", "inter"), self.gamma_for(dtype),
+                       self.copy, hosts, self.cores)
+
+    def updated(self, links: dict | None = None, gamma: dict | None = None, copy: float | None = None,
+                machine: str | None = None, cores: int | None = None) -> "Profile":
+        """A copy with the given ``{(transport, scope): Link}`` and ``{dtype: gamma}`` replaced, and the
+        other fields that are not ``None``."""
+        merged = {(t, s): link for t, s, link in self.links} | (links or {})
+        return Profile(tuple((t, s, link) for (t, s), link in sorted(merged.items())),
+                       tuple(sorted((dict(self.gamma) | (gamma or {})).items())),
+                       self.copy if copy is None else copy, self.source, self.machine if machine is None else machine,
+                       self.cores if cores is None else cores)
+
+    def to_json(self) -> dict:
+        links: dict = {}
+        for t, s, link in self.links:
+            links.setdefault(t, {})[s] = {"alpha": link.alpha, "beta": link.beta, "duplex": link.duplex}
+        return {"format": FORMAT, "machine": self.machine, "cores": self.cores, "links": links,
+                "gamma": dict(self.gamma), "copy": self.copy}
+
+
+def _default() -> Profile:
+    """Typical of several ``allreduce tune`` runs on the development machine (a 2-core VM; single runs
+    vary by up to 2x with the machine's other load); the inter-host link is an assumed 10 GbE."""
+    return Profile(
+        links=(("shm", "intra", Link(40e-6, 0.2e-9, 1.5)),
+               ("tcp", "inter", Link(60e-6, 0.8e-9)),
+               ("tcp", "intra", Link(50e-6, 0.25e-9, 1.7))),
+        gamma=(("bfloat16", 0.9e-9), ("float16", 15e-9), ("float32", 0.085e-9), ("float64", 0.09e-9)),
+        copy=0.085e-9,
+        cores=os.cpu_count() or 0,  # this machine's, which is where a profile-less job usually runs
+    )
+
+
+DEFAULT = _default()
+
+
+def default_path() -> str:
+    """Where ``allreduce tune`` stores the profile and :func:`load` looks for it when no file is named:
+    ``$XDG_CACHE_HOME/allreduce/profile.json`` (``~/.cache/...`` when unset)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "allreduce", "profile.json")
+
+
+def load(path: str | None = None) -> Profile:
+    """The profile at ``path`` (default :func:`default_path`) over :data:`DEFAULT`.
+
+    A missing file at the default place gives :data:`DEFAULT`; the file is read again only when it
+    changes.
+
+    Raises:
+        ValueError: the file named by ``path`` is missing or malformed.
+    """
+    explicit = bool(path)
+    path = path or default_path()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        if explicit:
+            raise ValueError(f"no cost profile at {path}; run `allreduce tune --output {path}` to measure one") from None
+        return DEFAULT
+    return _read(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, stamp: int) -> Profile:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return from_json(data, source=path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"cost profile {path} is unreadable ({exc}); run `allreduce tune` to write a new one") from None
+
+
+def from_json(data: dict, source: str = "") -> Profile:
+    """A profile from its JSON form (as :meth:`Profile.to_json` writes it) over :data:`DEFAULT`."""
+    if data.get("format", FORMAT) != FORMAT:
+        raise ValueError(f"profile format {data.get('format')} is not {FORMAT}")
+    links = {}
+    for transport, scopes in data.get("links", {}).items():
+        for scope, fields in scopes.items():
+            if transport not in TRANSPORTS or scope not in SCOPES:
+                raise ValueError(f"unknown link {transport}/{scope}; known transports {TRANSPORTS}, scopes {SCOPES}")
+            links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]), float(fields.get("duplex", 1.0)))
+    gamma = {str(np.dtype(name)): float(value) for name, value in data.get("gamma", {}).items()}
+    cores = data.get("cores")
+    profile = DEFAULT.updated(links, gamma, data.get("copy"), data.get("machine", ""), None if cores is None else int(cores))
+    return dataclasses.replace(profile, source=source)
+
+
+def save(profile: Profile, path: str) -> None:
+    """Write ``profile`` as JSON at ``path``, creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(profile.to_json(), f, indent=1)
+        f.write("\n")
+
+
+def predict(collective: str, name: str, nbytes: int, size: int, network: Network, itemsize: int = 4) -> float | None:
+    """Predicted seconds of ``name`` for a whole buffer of ``nbytes`` on ``size`` ranks, or ``None``
+    when the algorithm has no formula.
+
+    Example: ``predict("all_reduce", "ring", 2**20, 4, DEFAULT.network())`` is about a millisecond.
+    """
+    entry = algorithms.get(collective, name)
+    if entry.cost is None:
+        return None
+    if size == 1:
+        return 0.0
+    network = network.for_ranks(size)
+    alpha, beta = effective_link(collective, name, size, network)
+    extra = {"chunk_bytes": entry.options["chunk"] * itemsize} if "chunk" in entry.options else {}
+    facts = collectives.get(collective)
+    whole = facts.whole(facts.count_for(nbytes, size, itemsize), size) * itemsize
+    copying = network.copy * copy_share(collective, name, size) * whole
+    return float(entry.cost(size, whole, alpha, beta, network.gamma, **extra)) + copying
+
+
+def effective_link(collective: str, name: str, size: int, network: Network) -> tuple[float, float]:
+    """``(alpha, beta)`` of the single link the formula of ``name`` is priced on (module docstring)."""
+    intra, inter = network.intra, network.inter
+    hosts = network.hosts
+    if hosts == 1:
+        return intra.alpha, intra.beta * intra.duplex
+    if hosts >= size:
+        return inter.alpha, inter.beta * inter.duplex
+    # hosts of unequal size: as if the fullest host's ranks all crossed at once
+    share = nic_share(collective, name, size, hosts) if size % hosts == 0 else -(-size // hosts)
+    return max(intra.alpha, inter.alpha), max(intra.beta * intra.duplex, inter.beta * inter.duplex * share)
+
+
+@functools.lru_cache(maxsize=256)
+def copy_share(collective: str, name: str, size: int) -> float:
+    """The most bytes one rank copies locally in ``name``, as a fraction of the whole buffer."""
+    count = 64 * size  # enough for every chunk of every rank to be non-empty
+    flow = traffic.extract(collective, name, size, count, 1)
+    copied = np.bincount(flow.copy_rank, weights=flow.copy_bytes, minlength=flow.ranks)
+    return float(copied.max(initial=0.0)) / collectives.get(collective).whole(count, size)
+
+
+@functools.lru_cache(maxsize=256)
+def nic_share(collective: str, name: str, size: int, hosts: int) -> int:
+    """The most messages that cross one host's NIC in one direction in one step of ``name``."""
+    flow = traffic.extract(collective, name, size, size, 1, hosts)
+    most = 0
+    for s in range(flow.steps):
+        crossing = flow.inter[flow.offsets[s]:flow.offsets[s + 1]]
+        for hosts_of in (flow.src_host, flow.dst_host):
+            ids = hosts_of[flow.offsets[s]:flow.offsets[s + 1]][crossing]
+            most = max(most, int(np.bincount(ids).max(initial=0)) if ids.size else 0)
+    return most
+
+
+def best(collective: str, nbytes: int, size: int, network: Network, itemsize: int = 4) -> str:
+    """The algorithm with the smallest predicted time; the collective's default when none has a formula."""
+    times = {name: predict(collective, name, nbytes, size, network, itemsize) for name in algorithms.names(collective)}
+    priced = {name: t for name, t in times.items() if t is not None and math.isfinite(t)}
+    return min(priced, key=priced.get) if priced else algorithms.DEFAULTS[collective]

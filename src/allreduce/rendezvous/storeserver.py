@@ -1,0 +1,216 @@
+"""The TCP store's server: one daemon thread on the rank that hosts the store serves every client.
+
+It changes when how the host serves does (the selector loop, back-pressure, who is dropped); what
+each request means is :func:`~.store.apply_request`, and the client is :mod:`.tcpstore`. The thread
+serves every client through a selector, so a parked get costs no thread. Every connection starts
+with the mutual challenge-response of :mod:`allreduce.auth` over the job's secret; the server reads
+nothing else from a client until it has passed, holds at most a few dozen bytes for it meanwhile,
+and closes it if it fails or is too slow.
+"""
+
+from __future__ import annotations
+
+import collections
+import selectors
+import socket
+import threading
+import time
+
+from allreduce import auth
+from allreduce.errors import ProtocolError, RendezvousError
+from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.store import apply_request, deadline, timed_out
+
+HANDSHAKE_CONTEXT = b"store"  # what a store connection's handshake proves itself for (both sides)
+RECV_BYTES = 1 << 16  # bytes per recv, on both sides of a store connection
+_MAX_QUEUED = 64  # requests a client may send ahead of their answers before the server drops it
+_BACKLOG = 128  # the smallest listen backlog; at least the world size
+_HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secret
+
+
+class _Peer:
+    """The server's state for one client: its decoder, requests not yet answered, unsent output."""
+
+    __slots__ = ("sock", "auth", "decoder", "queue", "current", "due", "out", "writing")
+
+    def __init__(self, sock: socket.socket, responder: auth.Responder):
+        self.sock = sock
+        self.auth: auth.Responder | None = responder  # the handshake, until the client has passed it
+        self.decoder = wire.RequestDecoder()
+        self.queue: collections.deque = collections.deque()  # decoded, not yet started
+        self.current: wire.Request | None = None  # the request being answered (maybe parked)
+        self.due = time.monotonic() + _HANDSHAKE_S  # when ``current`` (first: the handshake) times out
+        self.out: collections.deque[memoryview] = collections.deque()  # encoded answers not yet sent
+        self.writing = False  # registered for EVENT_WRITE
+
+
+class StoreServer:
+    """Serves the store at exactly ``host:port`` (port 0: a free one, see ``.port``) until closed.
+
+    ``clients`` (the world size, if known) sizes the listen backlog.
+
+    Each loop waits for sockets (or the nearest deadline of a parked request), reads and decodes what
+    arrived, then advances every client in turn until no answer changes the data any more: a set
+    thereby releases the gets parked on its key in the same round. A client's requests are answered
+    in order, and not until its earlier answers have drained (back-pressure); one that sends an
+    invalid frame, or more than ``_MAX_QUEUED`` requests ahead, is disconnected alone.
+
+    Raises:
+        RendezvousError: ``host:port`` cannot be bound.
+    """
+
+    def __init__(self, host: str, port: int, clients: int | None = None):
+        backlog = max(_BACKLOG, clients or 0)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._listener = socket.create_server((host, port), family=family, backlog=backlog)
+        except OSError as exc:
+            raise RendezvousError(f"cannot host the store at {host}:{port} ({exc}); use an address of this "
+                                  f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
+        self.port = self._listener.getsockname()[1]
+        self._key = auth.job_key()
+        self._max_strangers = 2 * backlog  # clients mid-handshake at once; more are closed at once
+        auth.warn_if_exposed(host)
+        self._listener.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._data: dict[str, bytes] = {}
+        self._peers: set[_Peer] = set()
+        self._thread = threading.Thread(target=self._serve, name=f"allreduce-store:{self.port}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread, drop every client and close the listening socket."""
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # already closed
+        self._thread.join()
+        self._wake_w.close()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                for key, events in self._selector.select(self._next_timeout()):
+                    if key.fileobj is self._wake_r:
+                        return
+                    if key.fileobj is self._listener:
+                        self._accept()
+                        continue
+                    if events & selectors.EVENT_WRITE and key.data in self._peers:
+                        self._flush(key.data)
+                    if events & selectors.EVENT_READ and key.data in self._peers:
+                        self._receive(key.data)
+                self._advance_all()
+        finally:
+            for peer in list(self._peers):
+                self._drop(peer)
+            self._selector.close()
+            self._listener.close()
+            self._wake_r.close()
+
+    def _next_timeout(self) -> float | None:
+        parked = [peer.due for peer in self._peers if peer.current is not None or peer.auth is not None]
+        return max(min(parked) - time.monotonic(), 0.0) if parked else None
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:  # BlockingIOError when no one else is waiting
+                return
+            if sum(peer.auth is not None for peer in self._peers) >= self._max_strangers:
+                sock.close()  # a flood of connections that do not authenticate: refuse, don't pile up
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The handshake (the client's half is in tcpstore): challenge now; the response arrives in
+            # _receive, and no byte reaches the client's RequestDecoder before it has passed.
+            peer = _Peer(sock, auth.Responder(self._key, HANDSHAKE_CONTEXT))
+            self._peers.add(peer)
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+            peer.out.append(memoryview(peer.auth.greeting))
+            self._flush(peer)
+
+    def _receive(self, peer: _Peer) -> None:
+        try:
+            data = peer.sock.recv(RECV_BYTES)
+            peer.queue.extend(peer.decoder.feed(data if peer.auth is None else self._authenticate(peer, data)))
+        except BlockingIOError:
+            return
+        except (OSError, ProtocolError):
+            data = b""
+        if not data or len(peer.queue) > _MAX_QUEUED:
+            self._drop(peer)
+
+    def _authenticate(self, peer: _Peer, data: bytes) -> bytes:
+        """Feed the handshake; once the response is in, answer it and return what followed it.
+
+        Raises:
+            AuthError: the response was wrong (the refusal is sent; the caller drops the peer).
+        """
+        reply, rest = peer.auth.feed(data)
+        if reply is not None:
+            peer.out.append(memoryview(reply))
+            self._flush(peer)
+            if not peer.auth.passed:
+                raise auth.AuthError("a client failed the handshake")
+            peer.auth = None
+        return rest
+
+    def _advance_all(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for peer in list(self._peers):
+                changed |= self._advance(peer)
+
+    def _advance(self, peer: _Peer) -> bool:
+        """Answer what ``peer`` asked, in order, as far as possible; return whether the data changed."""
+        if peer.auth is not None:  # still proving itself: nothing to answer, and dropped once late
+            if time.monotonic() >= peer.due:
+                self._drop(peer)
+            return False
+        changed = False
+        while peer in self._peers and not peer.out:
+            if peer.current is None:
+                if not peer.queue:
+                    break
+                peer.current = peer.queue.popleft()
+                peer.due = deadline(peer.current)
+            response = apply_request(self._data, peer.current)
+            if response is None:
+                if time.monotonic() < peer.due:
+                    break
+                response = timed_out(self._data, peer.current)
+            changed |= isinstance(peer.current, wire.MUTATIONS)
+            peer.current = None
+            peer.out.append(memoryview(wire.encode(response)))
+            self._flush(peer)
+        return changed
+
+    def _flush(self, peer: _Peer) -> None:
+        try:
+            while peer.out:
+                sent = peer.sock.send(peer.out[0])
+                if sent < len(peer.out[0]):
+                    peer.out[0] = peer.out[0][sent:]
+                    break
+                peer.out.popleft()
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._drop(peer)
+            return
+        if peer.writing != bool(peer.out):
+            peer.writing = bool(peer.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.writing else 0)
+            self._selector.modify(peer.sock, events, peer)
+
+    def _drop(self, peer: _Peer) -> None:
+        if peer in self._peers:
+            self._peers.discard(peer)
+            self._selector.unregister(peer.sock)
+            peer.sock.close()

@@ -1,0 +1,165 @@
+"""The TCP store's client: the store of ``env://`` and ``tcp://`` as every rank sees it.
+
+It changes when how a rank talks to the store's host does: dialling with retries, the handshake,
+one request and its answer on a connection, the pool of connections. The rank that hosts the store
+also runs its :class:`~.storeserver.StoreServer` and connects to it like every other rank. A client
+keeps a small pool of connections, one per request in flight, so threads that share a store never
+queue behind each other's blocking get. Every connection first proves, by the mutual
+challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from allreduce import auth
+from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
+from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.store import Store
+from allreduce.rendezvous.storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
+from allreduce.settings import DEFAULT_TIMEOUT
+
+
+class _Link:
+    """One client connection to a store server: a blocking socket and its response decoder."""
+
+    def __init__(self, sock: socket.socket, where: str):
+        self._sock = sock
+        self._where = where
+        self._decoder = wire.ResponseDecoder()
+
+    def roundtrip(self, request: wire.Request, wait_s: float) -> wire.Response:
+        frame = wire.encode(request)
+        responses: list = []
+        self._sock.settimeout(wait_s)
+        try:
+            self._sock.sendall(frame)
+            while not responses:
+                data = self._sock.recv(RECV_BYTES)
+                if not data:
+                    break
+                responses = self._decoder.feed(data)
+        except TimeoutError as exc:
+            raise CommTimeout(f"store at {self._where} did not answer within {wait_s:g}s") from exc
+        except OSError as exc:
+            raise PeerLost(f"store at {self._where} closed the connection ({exc})") from exc
+        except ProtocolError as exc:
+            raise ProtocolError(f"store at {self._where} sent an invalid frame: {exc}") from exc
+        if not responses:
+            raise PeerLost(f"store at {self._where} closed the connection")
+        if len(responses) > 1 or self._decoder.pending:
+            raise ProtocolError(f"store at {self._where} answered more than it was asked")
+        return responses[0]
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class TCPStore(Store):
+    """A store served over TCP by one rank and reached by all (the store of ``env://``, ``tcp://``).
+
+    With ``is_server`` this process also hosts the server, bound to exactly ``host`` (``"0.0.0.0"``
+    for every interface); port 0 picks a free port, and ``.port`` tells which. Every rank, the host
+    included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
+    host may start later. ``world_size`` sizes the server's listen backlog. ``timeout`` is also the
+    default wait of ``get`` and ``wait`` (default: the group's timeout, 10 minutes).
+
+    Example (two ranks)::
+
+        rank 0: store = TCPStore("10.0.0.1", 29500, is_server=True, timeout=60)
+        rank 1: store = TCPStore("10.0.0.1", 29500, is_server=False, timeout=60)
+        rank 1: store.set("hello", b"hi")      rank 0: store.get("hello") -> b"hi"
+
+    Raises:
+        RendezvousError: the port cannot be bound, or the server cannot be reached within ``timeout``.
+    """
+
+    def __init__(self, host: str, port: int, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT,
+                 world_size: int | None = None):
+        super().__init__(timeout)
+        if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
+            raise ValueError(f"store port must be 1-65535 (0 only where is_server picks one), got {port!r}")
+        if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
+            raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
+        self.host = host
+        self._server = StoreServer(host, port, world_size) if is_server else None
+        self.port = self._server.port if self._server else port
+        self._idle: list[_Link] = []
+        self._idle_lock = threading.Lock()
+        self._reached = False  # a connection succeeded once: a refusal now means the server is gone
+        try:
+            self._idle.append(self._connect())
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"TCPStore({self.host}:{self.port})"
+
+    @property
+    def is_server(self) -> bool:
+        """Whether this process hosts the store's server."""
+        return self._server is not None
+
+    def close(self) -> None:
+        super().close()
+        with self._idle_lock:
+            links, self._idle = self._idle, []
+        for link in links:
+            link.close()
+        if self._server is not None:
+            self._server.close()
+
+    def execute(self, request: wire.Request) -> wire.Response:
+        with self._idle_lock:
+            link = self._idle.pop() if self._idle else None
+        if link is None:
+            link = self._connect()
+        try:
+            response = link.roundtrip(request, self.timeout + getattr(request, "timeout_ms", 0) / 1000)
+        except BaseException:
+            link.close()
+            raise
+        with self._idle_lock:
+            if self.closed:
+                link.close()
+            else:
+                self._idle.append(link)
+        return response
+
+    def _connect(self) -> _Link:
+        where = f"{self.host}:{self.port}"
+        address = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host), self.port)
+        due = time.monotonic() + self.timeout
+        pause = 0.01
+        while True:
+            try:
+                sock = socket.create_connection(address, timeout=max(due - time.monotonic(), 0.05))
+                break
+            except OSError as exc:
+                if self._reached and isinstance(exc, ConnectionRefusedError):
+                    raise PeerLost(f"the store at {where} is gone (connection refused): the rank that "
+                                   f"hosted it exited") from exc
+                remaining = due - time.monotonic()
+                if remaining <= 0:
+                    raise RendezvousError(
+                        f"cannot reach the store at {where} within {self.timeout:g}s ({exc}); check that "
+                        f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
+                        f"its host and a port this host may connect to") from exc
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 1.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._handshake(sock)
+        self._reached = True
+        return _Link(sock, where)
+
+    def _handshake(self, sock: socket.socket) -> None:
+        """Prove to the server that this process knows the job's secret and check that it does too,
+        before the first request; the server's half is in :mod:`.storeserver`."""
+        try:
+            auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, time.monotonic() + self.timeout)
+        except (OSError, ProtocolError) as exc:
+            sock.close()
+            raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc
