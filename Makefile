@@ -1,16 +1,17 @@
 # `make demo` and `make test` work on a fresh clone with only python3: they create .venv when missing.
-# torch==2.13.0 (the `torch` extra) is pinned: pip takes the CPU build, not gigabytes of CUDA.
+# torch==2.13.0 is pinned here (the `torch` extra allows a range): pip takes the CPU build on disk, not
+# gigabytes of CUDA.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean torch-conformance
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,torch]'
+	$(PY) -m pip install --quiet -e '.[dev,torch]' 'torch==2.13.0'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,6 +25,20 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/allreduce bench -n 2 -b 8 -e 64M -f 4 --algorithm ring,tree
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 64M -f 4 --algorithm ring,tree
+
+# torch's own distributed test base (tests/torch/distributed_test_driver.py) on "allreduce", every test,
+# at world sizes 2 and 3, ranks forked; CONFORMANCE_BACKENDS="gloo allreduce" adds the baseline, and
+# CONFORMANCE_START=spawn starts ranks as upstream does (hours on two cores).
+CONFORMANCE_BACKENDS ?= allreduce
+CONFORMANCE_START ?= fork
+torch-conformance: $(STAMP)
+	$(PY) -m pip install --quiet expecttest
+	status=0; for backend in $(CONFORMANCE_BACKENDS); do for size in 2 3; do \
+	  echo "== $$backend, world size $$size"; \
+	  CONFORMANCE_START=$(CONFORMANCE_START) BACKEND_UNDER_TEST=$$backend WORLD_SIZE=$$size \
+	    $(PY) -m pytest -q -p no:cacheprovider -rfE \
+	    tests/torch/distributed_test_driver.py || status=1; \
+	done; done; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis

@@ -12,11 +12,13 @@ The API mirrors torch.distributed on numpy arrays (and torch CPU tensors)::
 from . import algorithms, errors
 from .api import (
     NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single, barrier,
-    broadcast, default_group, destroy_process_group, gather, get_rank, get_topology, get_world_size, init_process_group, irecv,
-    is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send,
+    broadcast, default_group, destroy_process_group, gather, get_backend, get_local_rank, get_local_size, get_rank,
+    get_topology, get_world_size, init_process_group, irecv, is_available, is_initialized, isend, new_group, recv,
+    reduce, reduce_scatter, reduce_scatter_tensor, scatter, send, split_group,
 )
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
 from .group import ProcessGroup
+from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .ops import ReduceOp
 from .topology import Topology
 from .transport.shmseg import empty
@@ -27,7 +29,18 @@ __version__ = "0.1.0"
 __all__ = [
     "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
     "ProtocolError", "ReduceOp", "RendezvousError", "Topology", "Work", "algorithms", "all_gather",
-    "all_gather_into_tensor", "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier", "broadcast",
-    "default_group", "destroy_process_group", "empty", "errors", "gather", "get_rank", "get_topology", "get_world_size",
-    "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier",
+    "broadcast", "broadcast_object_list", "default_group", "destroy_process_group", "empty", "errors", "gather",
+    "gather_object", "get_backend", "get_local_rank", "get_local_size", "get_rank", "get_topology", "get_world_size",
+    "init_process_group", "irecv", "is_available", "is_initialized", "isend", "new_group", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "split_group",
 ]
+
+
+def __getattr__(name: str):
+    """``from allreduce import MPI`` (mpi4py's API), loaded only when asked for."""
+    if name == "MPI":
+        from . import mpi
+
+        return mpi
+    raise AttributeError(f"module 'allreduce' has no attribute {name!r}")

@@ -3,20 +3,28 @@
 Every collective follows one pattern: validate the arguments (``TypeError``/``ValueError`` before
 anything is sent), describe the buffers, hand them to the group, and return a :class:`Work` when
 ``async_op=True``. ``src``/``dst`` are ranks within ``group``; calling a collective on a group this
-rank is not a member of is an error, never a silent ``None``.
+rank is not a member of is an error, never a silent ``None``. An input that overlaps its output is
+copied first, so ``all_to_all_single(x, x)`` and in-place gathers are right.
+
+One thread at a time per group: any thread may call collectives on it, in turns; a call while another
+thread's calls are in flight raises ``RuntimeError`` and breaks the group (calls from two threads at once
+would pair up in a different order on each rank), and so does a blocking call from a ``Work`` callback.
+Threads that need collectives at the same time use a group each.
 """
 
 from __future__ import annotations
 
 import datetime
+import weakref
 
 import numpy as np
 
-from . import rendezvous, topology
+from . import rendezvous, topology, uneven
 from .bootstrap import form_group, leave
 from .buffers import as_array, flat
 from .group import ProcessGroup, finish_reduction
 from .ops import ReduceOp, check_op
+from .p2p import TAG_UB, P2PWork
 from .settings import DEFAULT_TIMEOUT, Settings
 from .transport.shm import ShmOptions
 from .work import Work
@@ -199,7 +207,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     _check_same_dtype(out, inp)
     if out.size != g.size * inp.size:
         raise ValueError(f"output_tensor has {out.size} elements; all_gather needs world size x input = {g.size * inp.size}")
-    return g.collective("all_gather", {"data": flat(inp), "out": flat(out)}, inp.size, inp.dtype,
+    return g.collective("all_gather", {"data": _apart(inp, out), "out": flat(out)}, inp.size, inp.dtype,
                         ReduceOp.SUM, 0, algorithm, None, async_op)
 
 
@@ -227,7 +235,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     if inp.size != g.size * out.size:
         raise ValueError(f"input has {inp.size} elements; reduce_scatter needs world size x output = {g.size * out.size}")
     result = flat(out)
-    return g.collective("reduce_scatter", {"data": flat(inp), "out": result}, out.size, out.dtype, op, 0,
+    return g.collective("reduce_scatter", {"data": _apart(inp, out), "out": result}, out.size, out.dtype, op, 0,
                         algorithm, finish_reduction(op, result, g.size), async_op)
 
 
@@ -242,16 +250,21 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False, algorithm: str | None = None):
-    """Rank r sends block j of ``input`` to rank j, which stores it as block r of ``output`` (equal blocks)."""
+    """Rank r sends block j of ``input`` to rank j, which stores it as block r of ``output``.
+
+    Blocks are equal unless split sizes (rows of dim 0 per rank, as in torch) are given; uneven
+    blocks are padded to the largest (:mod:`.uneven`).
+    """
     g = _group(group)
     if output_split_sizes is not None or input_split_sizes is not None:
-        raise NotImplementedError("all_to_all_single with split sizes is not supported yet; use equal blocks")
+        return uneven.all_to_all_single(g, as_array(output, "output"), as_array(input, "input", writable=False),
+                                        output_split_sizes, input_split_sizes, async_op, algorithm)
     out, inp = as_array(output, "output"), as_array(input, "input", writable=False)
     _check_same_dtype(out, inp)
     if out.size != inp.size or inp.size % g.size:
         raise ValueError(f"input and output must have the same size, divisible by the world size {g.size}; "
                          f"got {inp.size} and {out.size}")
-    return g.collective("all_to_all", {"data": flat(inp), "out": flat(out)}, inp.size // g.size, inp.dtype,
+    return g.collective("all_to_all", {"data": _apart(inp, out), "out": flat(out)}, inp.size // g.size, inp.dtype,
                         ReduceOp.SUM, 0, algorithm, None, async_op)
 
 
@@ -294,28 +307,64 @@ def barrier(group=None, async_op: bool = False):
 
 
 def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    """Send ``tensor`` to rank ``dst``; pairs with ``recv`` on ``dst`` in call order."""
+    """Send ``tensor`` to rank ``dst``; returns once it is sent (see :func:`isend`).
+
+    Example (two ranks)::
+
+        if rank == 0: dist.send(np.arange(3.0), dst=1, tag=7)
+        else: dist.recv(x, src=0, tag=7)   # x: [0., 1., 2.]
+    """
     isend(tensor, dst, group, tag).wait()
 
 
-def recv(tensor, src: int, group=None, tag: int = 0) -> int:
-    """Receive into ``tensor`` from rank ``src`` (a specific source is required). Returns ``src``."""
-    irecv(tensor, src, group, tag).wait()
-    return src
+def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
+    """Receive into ``tensor`` a message sent with ``tag`` by rank ``src`` (``None``: any rank).
+
+    Returns the rank the message came from (in ``group``), as torch does.
+
+    Raises:
+        Mismatch: the message has another dtype or number of elements (the group breaks).
+        CommTimeout: none came within the group's timeout. PeerLost: ``src`` exited.
+    """
+    work = irecv(tensor, src, group, tag)
+    work.wait()
+    return work.source
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
+def isend(tensor, dst: int, group=None, tag: int = 0) -> P2PWork:
+    """Start sending ``tensor`` to rank ``dst`` with ``tag``; returns a :class:`~allreduce.p2p.P2PWork`.
+
+    Sends and receives may be posted in any order, between any pairs: each completes as soon as its
+    partner is posted, never waiting behind collectives or other messages. Two messages to one rank
+    with the same tag are received in the order sent. ``tensor`` must not change until the work is done:
+    a small one is done once handed to the kernel, a large one (over 64 KiB) once ``dst`` has posted
+    its receive and the bytes have left.
+
+    Raises:
+        ValueError: ``dst`` is not another rank of the group, or ``tag`` is not in 0..2**31-1.
+    """
     g = _group(group)
     _check_rank(dst, g, "dst", peer=True)
-    return g.point_to_point(flat(as_array(tensor, writable=False)), dst, tag, True, True)
+    _check_tag(tag)
+    return g.point_to_point(flat(as_array(tensor, writable=False)), int(dst), int(tag), True)
 
 
-def irecv(tensor, src: int, group=None, tag: int = 0) -> Work:
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> P2PWork:
+    """Start receiving into ``tensor`` from rank ``src`` (``None``: any rank) with ``tag``.
+
+    Returns a :class:`~allreduce.p2p.P2PWork`; once it is done, its ``source`` is the sender's rank.
+    The message must have ``tensor``'s dtype and number of elements.
+
+    Example (three ranks, on rank 0)::
+
+        works = [dist.irecv(buf[i]) for i in range(2)]   # from whichever ranks send first
+        [w.wait() for w in works]; sorted(w.source for w in works)   # [1, 2]
+    """
     g = _group(group)
-    if src is None:
-        raise ValueError("recv from any source is not supported; pass src")
-    _check_rank(src, g, "src", peer=True)
-    return g.point_to_point(flat(as_array(tensor)), src, tag, False, True)
+    if src is not None:
+        _check_rank(src, g, "src", peer=True)
+    _check_tag(tag)
+    return g.point_to_point(flat(as_array(tensor)), None if src is None else int(src), int(tag), False)
 
 
 def all_reduce_scalar(value, op=ReduceOp.SUM, group=None):
@@ -357,6 +406,20 @@ def _check_rank(rank, g: ProcessGroup, name: str, peer: bool = False) -> None:
         raise ValueError(f"{name}={rank} is this rank; point-to-point needs another rank")
 
 
+def _check_tag(tag) -> None:
+    if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= TAG_UB:
+        raise ValueError(f"tag={tag!r} must be an integer in 0..{TAG_UB}")
+
+
+def _apart(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The flat input, copied where it overlaps ``out`` (the same array, a view, a slice of one buffer).
+
+    Schedules read their input while they write their output, so an overlapping input would be
+    overwritten before it is sent. Both are C-contiguous, so overlapping bounds are overlapping memory.
+    """
+    return flat(inp).copy() if np.may_share_memory(inp, out) else flat(inp)
+
+
 def _check_same_dtype(a: np.ndarray, b: np.ndarray) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"input and output dtypes differ: {b.dtype} vs {a.dtype}")
@@ -379,3 +442,73 @@ def _seconds(timeout) -> float:
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     return seconds
+
+
+# ---- queries and groups that layers above build on ----------------------------------------------
+
+def is_available() -> bool:
+    """Whether collectives can be used in this build (always: there is nothing optional to lack)."""
+    return True
+
+
+def get_backend(group=None) -> str:
+    """The backend of ``group``: ``"allreduce"`` (shared memory inside a host, TCP across)."""
+    _group(group)
+    return "allreduce"
+
+
+def get_local_rank(group=None) -> int:
+    """This rank's index among the ranks of ``group`` on its host (Horovod's ``local_rank``)."""
+    return _group(group).topology.local_rank
+
+
+def get_local_size(group=None) -> int:
+    """How many ranks of ``group`` share this rank's host."""
+    return _group(group).topology.local_size
+
+
+def resolve_group(group=None) -> ProcessGroup:
+    """The :class:`ProcessGroup` a ``group`` argument names (``None``: the default group).
+
+    Raises:
+        RuntimeError: not initialized. ValueError: this rank is not a member. TypeError: not a group.
+    """
+    return _group(group)
+
+
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # parent group -> splits made of it
+
+
+def split_group(parent_pg=None, split_ranks=None, timeout=None):
+    """Split ``parent_pg`` into disjoint new groups; every rank of the parent calls it, with the same splits.
+
+    Unlike :func:`new_group`, only the parent's ranks take part, so a subgroup can be split again
+    (MPI's ``Comm.Split`` and ``Dup``). ``split_ranks`` lists each new group's ranks in the parent,
+    in the order that becomes their rank in the new group; ``None`` is one group of every rank.
+
+    Returns the new group that holds this rank, or a :class:`NonMember` if none does.
+
+    Example (four ranks)::
+
+        g = dist.split_group(split_ranks=[[0, 1], [3, 2]])
+        dist.get_rank(g)   # rank 0: 0, rank 1: 1, rank 2: 1, rank 3: 0
+
+    Raises:
+        ValueError: a rank out of range, in two splits, or an empty split.
+    """
+    parent = _group(parent_pg)
+    splits = [[int(r) for r in ranks] for ranks in ([range(parent.size)] if split_ranks is None else split_ranks)]
+    listed = [r for ranks in splits for r in ranks]
+    if not all(splits) or len(set(listed)) != len(listed) or not all(0 <= r < parent.size for r in listed):
+        raise ValueError(f"split_ranks must be disjoint, non-empty lists of ranks in 0..{parent.size - 1}, got {split_ranks}")
+    _SPLITS[parent] = count = _SPLITS.get(parent, 0) + 1  # the same on every rank of the parent
+    mine = next((i for i, ranks in enumerate(splits) if parent.rank in ranks), None)
+    if mine is None:
+        return NonMember(sorted(parent.ranks[r] for r in listed))
+    members = splits[mine]
+    name = f"{parent.name}.split{count}.{mine}"
+    group = form_group(_require().store.prefix(name), members.index(parent.rank), len(members),
+                       _seconds(timeout) if timeout else parent.timeout, name, [parent.ranks[r] for r in members],
+                       _State.settings, _State.shm_options)
+    _State.groups.append(group)
+    return group

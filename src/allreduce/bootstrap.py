@@ -2,7 +2,9 @@
 
 Used alike by :func:`allreduce.init_process_group`/:func:`allreduce.new_group` and by the
 torch.distributed backend, which brings its own store. The environment has been read by the caller,
-into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`.
+into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`. Every
+group also gets a point-to-point engine (:mod:`.p2p`), which listens and publishes its address here;
+its links are made on first use.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import socket
 import time
 
-from . import algorithms, topology
+from . import algorithms, p2p, topology
 from .addresses import is_loopback
 from .group import ProcessGroup
+from .rendezvous import LEFT_KEY
 from .settings import Settings
 from .timeline import TimelineTransport
 from .transport import shm
@@ -20,6 +23,7 @@ from .transport.routed import RoutedTransport
 from .transport.tcp import TcpTransport
 
 LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
+GOODBYE_S = 1.0  # seconds the others give their goodbye: longer, and the store's host is frozen or gone
 
 
 def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int],
@@ -42,7 +46,12 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
     transport, intra = connect(store, rank, size, topo, name, timeout, settings, shm_options)
     if settings.timeline:  # a Chrome trace per rank, written when the group closes
         transport = TimelineTransport(transport, settings.timeline, ranks[rank], name)
-    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra, settings)
+    try:  # point-to-point: listen and publish the address now; links are made on first use
+        engine = p2p.Engine.start(store, rank, size, bind_host(store, settings), name, timeout)
+    except BaseException:
+        transport.close()
+        raise
+    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra, settings, engine)
 
 
 def check_forced_algorithm(name: str) -> None:
@@ -92,15 +101,16 @@ def bind_host(store, settings: Settings) -> str:
 def leave(store, size: int, wait: bool = True) -> None:
     """Say goodbye through the store; its host waits (briefly) until everyone has, then closes it.
 
-    After a failure (``wait=False``) nobody waits: the missing ranks may be dead.
+    After a failure (``wait=False``) nobody waits: the missing ranks may be dead. Every store call is
+    bounded, so that leaving takes seconds at most even when the store's host is frozen.
     """
+    host = wait and getattr(store.base, "is_server", False)
+    bounded = store.within(LEAVE_GRACE if host else GOODBYE_S)
     try:
-        left = store.add("leave", 1)
-        if wait and getattr(store.base, "is_server", False):
-            deadline = time.monotonic() + LEAVE_GRACE
-            while left < size and time.monotonic() < deadline:
-                time.sleep(0.01)
-                left = store.add("leave", 0)
-    except Exception:  # the store host may already be gone; leaving is best effort
+        left = bounded.add(LEFT_KEY, 1)
+        while host and left < size:
+            time.sleep(0.01)
+            left = bounded.add(LEFT_KEY, 0)
+    except Exception:  # the store host may be gone, or the grace over (CommTimeout); leaving is best effort
         pass
     store.close()

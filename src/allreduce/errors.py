@@ -32,6 +32,12 @@ class ProtocolError(AllreduceError):
     """A frame that is not valid for this protocol arrived (corrupt, foreign or hostile peer)."""
 
 
+class Interrupted(AllreduceError):
+    """A collective was cut short on this rank by an exception of the caller's (``KeyboardInterrupt``, one
+    raised by a signal handler). Its peers cannot finish it, so the group breaks as after a communication
+    error; the caller sees its own exception, and this one is the failure later calls name."""
+
+
 class GroupBroken(AllreduceError):
     """A previous collective failed; the group cannot be used again and must be re-created."""
 

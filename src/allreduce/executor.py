@@ -4,6 +4,10 @@ Each step becomes one ``exchange``: its copies first, then all its sends and rec
 receive that reduces lands in a staging buffer and is combined into its destination in blocks as it
 arrives, so reduction overlaps the rest of the transfer (the pipelining inside a step). Staging and
 scratch memory is kept between calls: a steady stream of collectives allocates nothing.
+
+An exception of the caller's that escapes mid-schedule (``KeyboardInterrupt``, a signal handler's) leaves
+the peers mid-step and frames half sent; it is raised as :class:`~.errors.Interrupted` (its cause the
+original), so that the group breaks and tells the peers, as after a communication error.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 from . import collectives, wire
 from .algorithms.schedule import Copy, Recv, Schedule, Send
 from .dtypes import code_of
-from .errors import AllreduceError, CommTimeout
+from .errors import AllreduceError, CommTimeout, Interrupted
 from .ops import ReduceOp, kernel
 from .transport import RecvSpec, SendSpec, Transport
 
@@ -34,14 +38,16 @@ class Call:
     op: ReduceOp
     count: int  # the collective's count, as the schedule function received it
     root: int = 0  # root rank, or the tag of a send/recv
+    digest: int = 0  # wire.algorithm_digest of the algorithm and options: ranks whose schedules differ disagree here
 
     def headers(self):
         """A function ``(step, nbytes) -> Header`` for this call's frames."""
         kind, collective = wire.DATA, collectives.get(self.collective).code
-        dtype, op, root, seq, count, make = code_of(self.dtype), int(self.op), self.root, self.seq, self.count, wire.Header
+        dtype, op, root, count, make = code_of(self.dtype), int(self.op), self.root, self.count, wire.Header
+        seq, digest = self.seq % wire.SEQ_MODULUS, self.digest
 
         def header(step: int, nbytes: int) -> wire.Header:
-            return make(kind, collective, dtype, op, root, step, seq, count, nbytes)
+            return make(kind, collective, dtype, op, root, step, seq, count, nbytes, digest)
 
         return header
 
@@ -59,7 +65,8 @@ class Executor:
         """Run ``schedule`` on the flat arrays in ``buffers`` (``data``, ``out``); ``tmp`` is provided here.
 
         The whole schedule must finish within ``timeout`` seconds. Raises the transport's errors
-        re-worded to name the collective and the step. ``idle`` is handed to the transport.
+        re-worded to name the collective and the step, and :class:`Interrupted` for any other exception
+        (see the module docstring). ``idle`` is handed to the transport.
         """
         deadline = time.monotonic() + timeout
         arrays = dict(buffers, tmp=self._scratch_for(schedule.tmp, call.dtype))
@@ -68,34 +75,37 @@ class Executor:
         ufunc = kernel(call.op)
         header = call.headers()
         steps = _plan(schedule)
-        for index, copies, sends, recvs in steps:
-            for src, dst in copies:
-                np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
-            send_specs = []
-            for peer, src in sends:
-                payload = raw[src.buf][src.start * itemsize:src.stop * itemsize]
-                send_specs.append(SendSpec(peer, header(index, payload.nbytes), payload))
-            recv_specs, deferred = [], []
-            for slot, (peer, dst, acc, later) in enumerate(recvs):
-                if acc is None:
-                    dest = raw[dst.buf][dst.start * itemsize:dst.stop * itemsize]
-                    recv_specs.append(RecvSpec(peer, header(index, dest.nbytes), dest))
-                    continue
-                reducer = _Reducer(ufunc, arrays[acc.buf][acc.start:acc.stop], arrays[dst.buf][dst.start:dst.stop],
-                                   self._stage(slot, dst.count, call.dtype))
-                if later:
-                    deferred.append(reducer)
-                recv_specs.append(RecvSpec(peer, header(index, reducer.dest.nbytes), reducer.dest,
-                                           None if later else reducer.progress, reducer.absorb))
-            try:
+        index = 0
+        try:
+            for index, copies, sends, recvs in steps:
+                for src, dst in copies:
+                    np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
+                send_specs = []
+                for peer, src in sends:
+                    payload = raw[src.buf][src.start * itemsize:src.stop * itemsize]
+                    send_specs.append(SendSpec(peer, header(index, payload.nbytes), payload))
+                recv_specs, deferred = [], []
+                for slot, (peer, dst, acc, later) in enumerate(recvs):
+                    if acc is None:
+                        dest = raw[dst.buf][dst.start * itemsize:dst.stop * itemsize]
+                        recv_specs.append(RecvSpec(peer, header(index, dest.nbytes), dest))
+                        continue
+                    reducer = _Reducer(ufunc, arrays[acc.buf][acc.start:acc.stop],
+                                       arrays[dst.buf][dst.start:dst.stop], self._stage(slot, dst.count, call.dtype))
+                    if later:
+                        deferred.append(reducer)
+                    recv_specs.append(RecvSpec(peer, header(index, reducer.dest.nbytes), reducer.dest,
+                                               None if later else reducer.progress, reducer.absorb))
                 self.transport.exchange(send_specs, recv_specs, deadline, idle, idle_every)
-            except AllreduceError as exc:
-                where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
-                if isinstance(exc, CommTimeout):
-                    where += f" timed out after {timeout:g}s"
-                raise _reworded(exc, where) from exc
-            for reducer in deferred:
-                reducer.progress(reducer.dest.nbytes)
+                for reducer in deferred:
+                    reducer.progress(reducer.dest.nbytes)
+        except BaseException as exc:
+            where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
+            if not isinstance(exc, AllreduceError):  # the caller's own: see the module docstring
+                raise Interrupted(f"{where} was interrupted by {type(exc).__name__}") from exc
+            if isinstance(exc, CommTimeout):
+                where += f" timed out after {timeout:g}s"
+            raise _reworded(exc, where) from exc
 
     def _scratch_for(self, count: int, dtype: np.dtype) -> np.ndarray:
         nbytes = count * dtype.itemsize

@@ -4,17 +4,30 @@ Collectives run strictly in the order they are issued. A synchronous call on an 
 right in the caller's thread (no hand-off, the lowest latency); anything issued while work is queued,
 and every ``async_op=True`` call, goes through the group's progress thread, so the caller can compute
 meanwhile. A small heartbeat thread publishes which collective this rank has reached, so that a rank
-that times out can say which ranks never arrived (the stall report).
+that times out can say which ranks never arrived (the stall report). Point-to-point messages do not
+use the queue: the group's engine (:mod:`.p2p`) matches them by source and tag on links of its own,
+so a receive posted before its send never waits behind it (see :meth:`ProcessGroup.point_to_point`).
 
 Mismatched calls are caught by the fingerprint in every frame header (see :mod:`.wire`), or, where
-ranks wait on each other without a frame, by comparing the fingerprints they publish. The root of a
+ranks wait on each other without a frame, by comparing the fingerprints they publish. Both include the
+algorithm and everything else that shapes the schedule (see :func:`_prepare`): ranks that would run
+different schedules can exchange frames of the same sizes and return different wrong sums. The root of a
 broadcast or scatter receives nothing, so a root that disagreed with the others would return as if
 all were well: its collective therefore ends with one empty frame from the next rank, whose header
 the root checks (see :func:`_confirmed`).
 
 Any communication error breaks the group for good, as in NCCL: the peers are told why (ABORT frames,
 and the store under ``failed/{rank}``, for a peer that only sees the connection close), links are
-closed, and every later call raises :class:`GroupBroken` naming the first failure.
+closed, and every later call raises :class:`GroupBroken` naming the first failure. So does any other
+exception that escapes a collective mid-way (``KeyboardInterrupt``, a signal handler's): the peers are
+mid-step with it, and a frame half sent must never be followed by the next call's.
+
+Any thread may use a group, one thread at a time (torch's contract). Calls issued from two threads
+at once would be numbered in a different order on different ranks and pair up wrongly, silently: so
+a call from one thread while another thread's calls are in flight raises ``RuntimeError`` in the late
+thread before anything is sent, and the calls in flight fail instead of returning (the group breaks,
+peers are told), so that no rank keeps a result paired across threads. A call from a :class:`Work`
+callback, which runs on the progress thread where a blocking call would wait for itself, raises too.
 """
 
 from __future__ import annotations
@@ -26,15 +39,18 @@ import threading
 
 import numpy as np
 
-from . import algorithms, collectives, planner
+from . import algorithms, collectives, planner, wire
 from .algorithms.schedule import Recv, Region, Schedule, Send
-from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost
+from .errors import AllreduceError, CommTimeout, GroupBroken, Interrupted, Mismatch, PeerLost
 from .executor import Call, Executor
+from .p2p import Engine, P2PWork
 from .settings import Settings
 from .ops import ReduceOp, finish as finish_op
 from .topology import Topology, from_host_ids
 from .transport import Transport
 from .work import Work
+
+STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
 
 
 class ProcessGroup:
@@ -45,7 +61,7 @@ class ProcessGroup:
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
-                 intra: str = "tcp", settings: Settings | None = None):
+                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None):
         self.store = store
         self.rank = rank
         self.size = size
@@ -56,9 +72,12 @@ class ProcessGroup:
         self.intra = intra  # the transport between ranks of one host: "tcp" or "shm"
         self.settings = settings or Settings()  # what the environment asked for when the group formed
         hosts = self.topology.hosts
-        self._supplies = {"hosts": hosts}  # what an algorithm may need from the group (its ``needs``)
+        self._prepared = _prepare({"hosts": hosts})  # registry entry -> (options the group supplies, digest)
         self._hierarchical = len(hosts) > 1 and self.topology.uniform and len(hosts[0]) > 1
         self._executor = Executor(transport)
+        self._issuer: int | None = None  # the thread whose calls are in flight; no other may issue meanwhile
+        self._in_flight = 0  # calls issued and not yet finished
+        self._conflict: RuntimeError | None = None  # set when two threads issued at once: the calls in flight fail
         self._cv = threading.Condition()
         self._queue: collections.deque = collections.deque()
         self._busy = False
@@ -67,7 +86,6 @@ class ProcessGroup:
         self._seq = 0
         self._started: Call | None = None  # the last collective this rank began
         self._interval = min(1.0, timeout / 5)  # heartbeat period, and quiet time before inspecting peers
-        self._p2p: collections.Counter = collections.Counter()
         self._choices: dict[tuple, str] = {}  # the algorithm chosen per call shape, decided once per group
         self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
         self._stop = threading.Event()
@@ -77,6 +95,9 @@ class ProcessGroup:
         ]
         for thread in self._threads:
             thread.start()
+        self.p2p = p2p  # point-to-point messages: their own links and thread (see point_to_point)
+        if p2p is not None:
+            p2p.on_failure = self.p2p_failed
 
     @property
     def healthy(self) -> bool:
@@ -93,16 +114,21 @@ class ProcessGroup:
         ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
         (see :func:`finish_reduction`).
         """
-        name = self.algorithm_for(collective, algorithm, count * dtype.itemsize, dtype)
-        entry = algorithms.get(collective, name)
-        options = {need: self._supplies[need] for need in entry.needs}
-        if collectives.get(collective).root_sends_only and self.size > 1:
-            schedule = _confirmed(entry, self.rank, self.size, count, root, **options)
-        else:
-            schedule = entry(self.rank, self.size, count, root=root, **options)
-        with self._cv:
-            self._seq += 1
-            call = Call(collective, self._seq, name, dtype, op, count, root)
+        self._claim(collective)
+        try:
+            name = self.algorithm_for(collective, algorithm, count * dtype.itemsize, dtype)
+            entry = algorithms.get(collective, name)
+            options, digest = self._prepared[entry]
+            if collectives.get(collective).root_sends_only and self.size > 1:
+                schedule = _confirmed(entry, self.rank, self.size, count, root, **options)
+            else:
+                schedule = entry(self.rank, self.size, count, root=root, **options)
+            with self._cv:
+                self._seq += 1
+                call = Call(collective, self._seq, name, dtype, op, count, root, digest)
+        except BaseException:
+            self._release()
+            raise
         return self._submit(call, schedule, buffers, after, async_op)
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
@@ -127,20 +153,70 @@ class ProcessGroup:
         return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
                               transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile)
 
-    def point_to_point(self, buffer: np.ndarray, peer: int, tag: int, sending: bool, async_op: bool) -> Work | None:
-        """``send`` (``sending=True``) or ``recv`` of ``buffer`` with ``peer``; matched in order per pair."""
-        region = Region("data", 0, buffer.size)
-        op = Send(peer, region) if sending else Recv(peer, region)
-        schedule = Schedule(((op,),) if buffer.size else ())
+    def point_to_point(self, buffer: np.ndarray | None, peer: int | None, tag: int | None, sending: bool,
+                       exact: bool = True) -> P2PWork:
+        """``isend`` (``sending=True``) of ``buffer`` to ``peer``, or ``irecv`` into it from ``peer``
+        (``None``: any rank) with ``tag`` (``None``: any, receives only), on the group's point-to-point
+        engine (:mod:`.p2p`): matched by source and tag, never queued behind collectives nor they behind it.
+
+        Raises:
+            GroupBroken: the group failed or was destroyed.
+        """
         with self._cv:
-            key = ("send" if sending else "recv", peer)
-            self._p2p[key] += 1
-            call = Call("send", self._p2p[key], "p2p", buffer.dtype, ReduceOp.SUM, buffer.size, tag)
-        return self._submit(call, schedule, {"data": buffer}, None, async_op)
+            self._check_usable()
+        if self.p2p is None:
+            raise RuntimeError(f"rank {self.rank}/{self.size}: process group '{self.name}' was formed without "
+                               "point-to-point links")
+        if sending:
+            return self.p2p.isend(buffer, peer, tag)
+        return self.p2p.irecv(buffer, peer, tag, exact)
+
+    def p2p_failed(self, error: AllreduceError) -> None:
+        """The point-to-point engine failed with ``error``: the group is broken too (as after a failed
+        collective; told to the peers through the store, and by ABORT frames when no collective runs)."""
+        with self._cv:
+            if self._broken is not None or self._stop.is_set():  # broken already, or being destroyed
+                return
+            self._broken = error
+            idle = not self._busy and not self._queue
+        message = f"{type(error).__name__}: {error}"
+        try:
+            self.store.within(STORE_GRACE).set(f"failed/{self.rank}", message.encode()[:4096])
+        except Exception:  # the store may be gone; the ABORT frames still carry the reason
+            pass
+        if idle:  # a running collective is left to end on its own; no later one starts
+            self._executor.transport.abort(message)
+
+    def _claim(self, collective: str) -> None:
+        """Count a call in flight for this thread, or raise if it comes from a Work callback or while
+        another thread's calls are in flight (see the module docstring)."""
+        me = threading.get_ident()
+        with self._cv:
+            if me == self._threads[0].ident:
+                raise self._wrong_thread(collective, "from a Work callback, which runs on the group's progress "
+                                         "thread: a blocking call there would wait for itself. Issue it once the "
+                                         "work is done, from the thread that issued it")
+            if self._in_flight and self._issuer != me:
+                other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == self._issuer), "another")
+                self._conflict = self._wrong_thread(
+                    collective, f"from thread '{threading.current_thread().name}' while thread {other} has calls in "
+                    "flight on it: calls from two threads at once pair up in different orders on different ranks. "
+                    "Use a group from one thread at a time, or give each thread its own group (new_group())")
+                raise self._conflict
+            self._issuer = me
+            self._in_flight += 1
+
+    def _release(self) -> None:
+        with self._cv:
+            self._in_flight -= 1
 
     def _submit(self, call: Call, schedule: Schedule, buffers, after, async_op: bool) -> Work | None:
         with self._cv:
-            self._check_usable()
+            try:
+                self._check_usable()
+            except GroupBroken:
+                self._in_flight -= 1
+                raise
             inline = not async_op and not self._busy and not self._queue
             if inline:
                 self._busy = True
@@ -154,10 +230,11 @@ class ProcessGroup:
             finally:
                 with self._cv:
                     self._busy = False
+                    self._in_flight -= 1
                     if self._queue:  # wake the progress thread only when it has work
                         self._cv.notify_all()
             return None
-        work = Work(future, f"rank {self.rank}/{self.size}: {call.collective} #{call.seq}")
+        work = Work(future, f"rank {self.rank}/{self.size}: {call.collective} #{call.seq}", self._threads[0].ident)
         if async_op:
             return work
         work.wait()
@@ -168,12 +245,17 @@ class ProcessGroup:
     def _execute(self, call: Call, schedule: Schedule, buffers, after) -> None:
         if self._broken is not None:
             raise self._broken_error()
-        if call.collective != "send":
-            self._started = call
+        self._started = call
         try:
             self._executor.run(schedule, buffers, call, self.timeout, lambda: self._inspect(call), self._interval)
+        except Interrupted as exc:
+            self._fail(exc, call)
+            raise exc.__cause__ from None  # the caller's own exception, as it was raised
         except AllreduceError as exc:
             raise self._fail(exc, call) from exc
+        if self._conflict is not None:  # another thread issued while this ran: its pairing cannot be trusted
+            raise self._fail(Mismatch(f"{call.collective} #{call.seq} overlapped a call from another thread: "
+                                      f"{self._conflict}"), call)
         if after is not None:
             after()
 
@@ -195,6 +277,7 @@ class ProcessGroup:
             finally:
                 with self._cv:
                     self._busy = False
+                    self._in_flight -= 1
                     self._cv.notify_all()
 
     def _heartbeat_loop(self) -> None:
@@ -202,22 +285,27 @@ class ProcessGroup:
         while not self._stop.wait(self._interval):
             call = self._started
             if call is not None and call is not published:
-                try:
-                    self.store.set(f"progress/{self.rank}", f"{call.seq}|{_describe(call)}".encode())
+                try:  # bounded: a frozen store host must hold neither this thread nor close()
+                    record = f"{call.seq}|{_describe(call)}".encode()
+                    self.store.within(STORE_GRACE).set(f"progress/{self.rank}", record)
                     published = call
+                except CommTimeout:  # a slow or frozen store host: try again at the next beat
+                    continue
                 except Exception:  # the store may be gone at shutdown; the report is best effort
                     return
 
-    def _peer_state(self, rank: int) -> tuple[int, str] | None:
+    @staticmethod
+    def _peer_state(store, rank: int) -> tuple[int, str] | None:
         """(sequence number, description) of the last collective ``rank`` published, if any."""
         key = f"progress/{rank}"
-        if not self.store.check([key]):
+        if not store.check([key]):
             return None
-        seq, _, what = self.store.get(key, timeout=1.0).decode().partition("|")
+        seq, _, what = store.get(key).decode().partition("|")
         return int(seq), what
 
-    def _peer_states(self) -> dict[int, tuple[int, str] | None]:
-        return {rank: self._peer_state(rank) for rank in range(self.size) if rank != self.rank}
+    def _peer_states(self, store) -> dict[int, tuple[int, str] | None]:
+        """Every peer's :meth:`_peer_state`, read through ``store``: a bounded view of the group's."""
+        return {rank: self._peer_state(store, rank) for rank in range(self.size) if rank != self.rank}
 
     def _inspect(self, call: Call) -> None:
         """While stuck in ``call``: raise :class:`Mismatch` if a peer is in a different collective #seq.
@@ -225,7 +313,7 @@ class ProcessGroup:
         What it saw is kept for the stall report, should the store be gone by the deadline.
         """
         try:
-            states = self._peer_states()
+            states = self._peer_states(self.store.within(self._interval))  # late by an interval at most
         except Exception:  # no store, no verdict: the collective still ends at its deadline
             return
         self._seen = (call.seq, states)
@@ -237,35 +325,44 @@ class ProcessGroup:
     # ---- failure ---------------------------------------------------------------------------------
 
     def _fail(self, exc: AllreduceError, call: Call) -> AllreduceError:
-        """Word the error for the user, break the group and tell the peers why."""
-        message = f"rank {self.rank}/{self.size}: {exc}"
+        """Word the error for the user, break the group and tell the peers why.
+
+        The reason the peers are told (ABORT frames, the store) starts with the error's kind, so that a
+        peer of a rank that found a mismatch raises :class:`Mismatch` too: it made the mismatched call.
+        """
+        text = f"rank {self.rank}/{self.size}: {exc}"
+        store = self.store.within(STORE_GRACE)  # the whole report, even with the store's host frozen
         if isinstance(exc, CommTimeout):
-            message += self._stall_report(call)
-        elif isinstance(exc, PeerLost) and " aborted: " not in message:
-            message += self._peer_failure(getattr(exc, "peer", None))
-        error = type(exc)(message)
+            text += self._stall_report(call, store)
+        elif isinstance(exc, PeerLost) and " aborted: " not in text:
+            text += self._peer_failure(getattr(exc, "peer", None), store)
+        kind = Mismatch if isinstance(exc, PeerLost) and ": Mismatch: rank " in text else type(exc)
+        error = kind(text)
         error.peer = getattr(exc, "peer", None)
         self._broken = error
+        message = f"{kind.__name__}: {text}"
         try:  # before the links close, so that a peer that sees them close can read why
-            self.store.set(f"failed/{self.rank}", message.encode()[:4096])
+            store.set(f"failed/{self.rank}", message.encode()[:4096])
         except Exception:  # the store may be gone too; the ABORT frames still carry the reason
             pass
         self._executor.transport.abort(message)
+        if self.p2p is not None:
+            self.p2p.abort(message)
         return error
 
-    def _peer_failure(self, peer: int | None) -> str:
+    def _peer_failure(self, peer: int | None, store) -> str:
         """Why ``peer`` gave up, if it said so in the store: a closed link alone cannot tell."""
         try:
-            if peer is None or not self.store.check([f"failed/{peer}"]):
+            if peer is None or not store.check([f"failed/{peer}"]):
                 return ""
-            return f"; rank {peer} had failed: " + self.store.get(f"failed/{peer}", timeout=1.0).decode(errors="replace")
+            return f"; rank {peer} had failed: " + store.get(f"failed/{peer}").decode(errors="replace")
         except Exception:  # no store, no reason
             return ""
 
-    def _stall_report(self, call: Call) -> str:
-        """Which ranks have not reached collective ``call.seq``, from their heartbeats in the store."""
+    def _stall_report(self, call: Call, store) -> str:
+        """Which ranks have not reached collective ``call.seq``, from their heartbeats in ``store``."""
         try:
-            states = self._peer_states()
+            states = self._peer_states(store)
         except Exception:  # the store is gone (its host may have failed first): the last inspection's view
             states = self._seen[1] if self._seen[0] == call.seq else {}
         behind = []
@@ -277,6 +374,9 @@ class ProcessGroup:
         if not behind:
             return ""
         return f"; ranks that have not reached {call.collective} #{call.seq}: " + ", ".join(behind)
+
+    def _wrong_thread(self, collective: str, why: str) -> RuntimeError:
+        return RuntimeError(f"rank {self.rank}/{self.size}: {collective} on process group '{self.name}' {why}")
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -302,6 +402,8 @@ class ProcessGroup:
                 thread.join()
         with self._cv:
             self._closed = True
+        if self.p2p is not None:
+            self.p2p.close()
         self._executor.transport.close()
 
 
@@ -325,11 +427,28 @@ def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, ro
 
 
 def _describe(call: Call) -> str:
-    """A collective as every rank must agree on it, e.g. ``all_reduce(count=10, float32, SUM)``."""
+    """A collective as every rank must agree on it, e.g. ``all_reduce(count=10, float32, SUM, ring)``."""
     facts = collectives.get(call.collective)
     op = f", {call.op.name}" if facts.reduces else ""
     root = f", root={call.root}" if facts.rooted else ""
-    return f"{call.collective}(count={call.count}, {call.dtype}{op}{root})"
+    return f"{call.collective}(count={call.count}, {call.dtype}{op}{root}, {wire.algorithm_label(call.digest)})"
+
+
+def _prepare(supplies: dict) -> dict[algorithms.Algorithm, tuple[dict, int]]:
+    """Every registry entry's ``(options, digest)`` in a group that supplies ``supplies``.
+
+    ``options`` are what the group passes to its schedule (the entry's ``needs``); ``digest`` is the
+    :func:`wire.algorithm_digest` of its name, its own options and those, which ranks check agree on.
+    Anything else that comes to shape a schedule belongs in here too. Every entry is digested, not
+    only those this rank runs, so that a mismatch names the algorithm the peer ran.
+    """
+    prepared = {}
+    for entry in algorithms.ALGORITHMS:
+        options = {need: supplies[need] for need in entry.needs}
+        label = entry.name + (f"({', '.join(f'{k}={v}' for k, v in entry.options.items())})" if entry.options else "")
+        prepared[entry] = options, wire.algorithm_digest(label, repr(sorted(options.items())))
+    return prepared
+
 
 
 def finish_reduction(op: ReduceOp, result: np.ndarray, size: int):

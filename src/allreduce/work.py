@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 
 class Work:
@@ -15,16 +16,21 @@ class Work:
         work.wait()          # x now holds the sum on both ranks
     """
 
-    def __init__(self, future: concurrent.futures.Future, what: str):
+    def __init__(self, future: concurrent.futures.Future, what: str, completer: int | None = None):
         self._future = future
         self._what = what
+        self._completer = completer  # ident of the thread that completes it, which must never wait for it
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the collective is done; re-raise its error. Returns ``True`` like torch.
 
         Raises ``TimeoutError`` if ``timeout`` seconds pass first (the collective keeps running and
-        still fails on its own deadline if a peer never comes).
+        still fails on its own deadline if a peer never comes), ``RuntimeError`` when called, unfinished,
+        from a callback on the thread that would finish it (it would wait forever).
         """
+        if threading.get_ident() == self._completer and not self._future.done():
+            raise RuntimeError(f"{self._what} waited for from a Work callback, on the group's progress thread "
+                               "that must run it: wait for it from the thread that issued it")
         done, _ = concurrent.futures.wait([self._future], timeout)
         if not done:
             raise TimeoutError(f"{self._what} did not complete within {timeout}s")

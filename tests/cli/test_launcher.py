@@ -7,6 +7,7 @@ must be stopped write their pid to a file first, so the test can check they are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,11 +77,15 @@ def _pids(directory: Path, count: int, timeout: float = 15.0) -> list[int]:
 
 
 def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited; a zombie counts (an orphan's waits for a container's init to reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:  # reaped just now, or no /proc (not Linux: then kill's answer stands)
+        return Path("/proc/self").exists()
 
 
 def test_single_node_environment():
@@ -166,6 +171,33 @@ def test_signal_to_the_launcher_stops_everything(tmp_path, signum, code):
     assert launcher.returncode == code, err
     assert f"got {signal.Signals(signum).name}" in err
     assert all(_gone(pid) for pid in pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("signum, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGHUP, 129),
+                                          (signal.SIGQUIT, 131)])
+def test_workers_die_with_the_launcher(tmp_path, signum, code):
+    """A closed terminal (SIGHUP) and Ctrl-\\ (SIGQUIT) stop the job like SIGTERM; a launcher killed
+    outright (SIGKILL: the OOM killer) takes its workers along too. Either way within 2 s."""
+    no_core = "import resource; resource.setrlimit(resource.RLIMIT_CORE, (0, 0))"  # SIGQUIT's default dumps one
+    launcher = _start("-n", "2", "--", sys.executable, "-c", WORKER.format(setup=no_core), str(tmp_path))
+    try:
+        pids = _pids(tmp_path, 2)
+        launcher.send_signal(signum)
+        sent = time.monotonic()
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < sent + 2.0:
+            time.sleep(0.02)
+        alive = [pid for pid in pids if not _gone(pid)]
+        _, err = launcher.communicate(timeout=10)
+    finally:
+        launcher.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert alive == [], f"workers {alive} outlived the launcher by 2 s"
+    assert launcher.returncode == code, err
+    if signum != signal.SIGKILL:
+        assert f"got {signal.Signals(signum).name}" in err
 
 
 @pytest.mark.parametrize("argv, message", [

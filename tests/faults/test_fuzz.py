@@ -43,7 +43,7 @@ SECRET = "fuzz-secret"
 headers = st.builds(
     wire.Header, st.just(wire.DATA), st.sampled_from(sorted(collectives.BY_CODE)), st.integers(0, 15),
     st.integers(0, 7), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, 2**32 - 1),
-    st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+    st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), algorithm=st.integers(0, 2**32 - 1))
 
 
 # ---- pure parsers --------------------------------------------------------------------------------

@@ -201,6 +201,21 @@ def test_get_times_out_quickly_naming_the_key(store):
     assert time.monotonic() - start < 1.0
 
 
+def test_a_bounded_view_ends_every_request_by_its_deadline(store):
+    """``within``: waits are cut to what is left, and a request made after the deadline fails at once."""
+    bounded = store.within(0.3)
+    bounded.set("here", b"1")
+    start = time.monotonic()
+    with pytest.raises(CommTimeout, match="'nowhere'"):
+        bounded.get("nowhere", timeout=5)
+    assert 0.2 < time.monotonic() - start < 1.0
+    late = store.within(0.01)
+    time.sleep(0.05)
+    with pytest.raises(CommTimeout, match="no time left"):
+        late.get("here")
+    assert store.prefix("g").within(5).prefix("h").add("n", 2) == 2 and store.get("g/h/n") == b"2"
+
+
 def test_add_counts_from_zero(store):
     assert store.add("n", 1) == 1
     assert store.add("n", 5) == 6
@@ -554,6 +569,18 @@ def test_stale_file_is_detected(clean_env, tmp_path):
         store.close()
     results = run_threads(2, lambda r: rendezvous(url, r, 2, timeout=5))
     assert all(isinstance(r, RendezvousError) and "earlier job" in str(r) for r in results)
+
+
+def test_file_of_a_group_that_ended_is_stale_at_once(clean_env, tmp_path):
+    """Ranks that left count out under LEFT_KEY; a file store cannot be dialled again, so it is stale."""
+    url = f"file://{tmp_path}/job.store"
+    for store, *_ in run_threads(2, lambda r: rendezvous(url, r, 2, timeout=5)):
+        store.add(rdv.LEFT_KEY, 1)
+        store.close()
+    start = time.monotonic()
+    results = run_threads(2, lambda r: rendezvous(url, r, 2, timeout=5))
+    assert all(isinstance(r, RendezvousError) and "group that ended" in str(r) for r in results), results
+    assert time.monotonic() - start < 2.0
 
 
 @pytest.mark.parametrize("init_method, rank, world_size, error, words", [

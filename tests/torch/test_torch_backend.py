@@ -20,27 +20,27 @@ from support.torch_harness import batches, max_difference, model, run_spawned, r
 
 import allreduce.torch as art
 from allreduce import CommTimeout, Mismatch, Work
-from allreduce.torch.backend import TORCH_HOOKS, TorchWork
+from allreduce.torch import hooks, native
 from allreduce.torch.torchstore import TorchStore
+from allreduce.torch.work import TorchWork
 
 
-def test_the_pinned_torch_still_has_the_private_hooks_the_backend_uses():
+def test_the_installed_torch_still_has_the_private_hooks_the_backend_uses():
     """Fails (not skips) when a torch upgrade removes or renames what the backend relies on."""
-    c10d = importlib.import_module("torch._C._distributed_c10d")
-    missing = [name for name in TORCH_HOOKS["torch._C._distributed_c10d"] if not hasattr(c10d, name)]
-    options = c10d._DistributedBackendOptions()
-    missing += [f"_DistributedBackendOptions.{f}" for f in TORCH_HOOKS["_DistributedBackendOptions"]
-                if not hasattr(options, f)]
-    missing += [f"Work.{m}" for m in TORCH_HOOKS["Work"] if not hasattr(dist.Work, m)]
-    missing += [f"ProcessGroup.{m}" for m in TORCH_HOOKS["ProcessGroup"] if not hasattr(dist.ProcessGroup, m)]
-    assert not missing, f"torch {torch.__version__} lacks what the allreduce backend uses: {missing}"
+    assert hooks.missing() == [], f"torch {torch.__version__} lacks what the allreduce backend uses"
+    assert issubclass(native.python_backend(), importlib.import_module("torch._C._distributed_c10d").Backend)
     assert "allreduce" in dist.Backend.backend_list
+
+
+def test_a_missing_hook_is_named(monkeypatch):
+    monkeypatch.setitem(hooks.TORCH_HOOKS, "ProcessGroup", ["_get_backend", "_a_hook_torch_dropped"])
+    assert hooks.missing() == ["ProcessGroup._a_hook_torch_dropped"]
 
 
 def test_works_complete_from_the_group_thread_and_carry_errors():
     done, failed = concurrent.futures.Future(), concurrent.futures.Future()
-    ok = TorchWork(Work(done, "test"), [torch.ones(1)])
-    bad = TorchWork(Work(failed, "test"), [torch.ones(1)])
+    ok = TorchWork([Work(done, "test")], [torch.ones(1)])
+    bad = TorchWork([Work(failed, "test")], [torch.ones(1)])
     assert not ok.is_completed()
     with pytest.raises(TimeoutError):
         ok.wait(datetime.timedelta(milliseconds=10))

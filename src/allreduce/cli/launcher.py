@@ -9,11 +9,14 @@ Each worker is an ordinary process with the rendezvous environment set (``RANK``
 set ``ALLREDUCE_SECRET``, a single-node job gets a fresh random one, with which every connection of the
 job authenticates (:mod:`allreduce.auth`); the nodes of a multi-node job must share one the user sets.
 Workers start in their own session, so a Ctrl-C in the terminal reaches only the launcher, which
-decides what they get: it forwards SIGINT/SIGTERM to each worker's whole process group, waits a grace
-period, then kills what is left. A job is all or nothing: the first worker to fail stops the others,
-because its peers would only block until their own timeouts. The exit status is the failed worker's
-(``128 + signal`` when a signal killed it), 130/143 when the launcher itself was interrupted, and 0
-when every worker exited 0.
+decides what they get: it forwards SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT to each
+worker's whole process group, waits a grace period, then kills what is left. Nothing outlives the
+launcher: on Linux each worker asks the kernel, before it executes the command, to SIGKILL it when
+the launcher dies, so a launcher killed outright (SIGKILL, the OOM killer) takes its workers along.
+A job is all or nothing: the first worker to fail stops the others, because its peers would only
+block until their own timeouts. The exit status is the failed worker's (``128 + signal`` when a
+signal killed it), ``128 + signal`` when the launcher itself was stopped by one of the signals above
+(130 for SIGINT, 143 for SIGTERM), and 0 when every worker exited 0.
 
 With output tagging on, a reader thread per pipe copies each line to our stdout or stderr behind a
 ``[rank] `` prefix, whole lines under one lock, so lines from different ranks never interleave.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import queue
 import secrets
@@ -35,6 +39,8 @@ import time
 from dataclasses import dataclass
 
 _EXIT_NOT_FOUND = 127  # the shell's code for a command that cannot be started
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal the calling process gets when its parent dies
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # what stops the job
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,8 @@ def launch(config: LaunchConfig, cmd: list[str], extra_env: dict[str, str] | Non
 
     Returns:
         The job's exit status: 0 when every worker exited 0; the first failed worker's code (``128 +
-        signal`` if a signal killed it); 130 or 143 if the launcher got SIGINT or SIGTERM; 127 if the
-        command could not be started.
+        signal`` if a signal killed it); ``128 + signal`` if the launcher got SIGINT, SIGTERM, SIGHUP
+        or SIGQUIT; 127 if the command could not be started.
 
     Raises:
         ValueError: ``cmd`` is empty.
@@ -158,12 +164,13 @@ class _Job:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
         self.write_lock = threading.Lock()
+        self.guard = _orphan_guard()
 
     def start(self, local_rank: int, cmd: list[str], env: dict[str, str]) -> None:
         rank = self.config.node_rank * self.config.nproc + local_rank
         pipe = subprocess.PIPE if self.config.tag_output else None
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=self.guard)
         self.procs[rank] = proc
         self.running += 1
         if self.config.tag_output:
@@ -285,14 +292,39 @@ def int_at_least(low: int):
     return parse
 
 
+def _orphan_guard():
+    """A ``preexec_fn`` that has the kernel SIGKILL the worker when the launcher dies, however it dies:
+    Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``); ``None`` where there is none.
+
+    It runs in the child between fork and exec, and does nothing there but two system calls, so the
+    launcher's threads cannot deadlock it. The signal comes when the thread that started the worker
+    ends, which is the thread that waits for the job. A launcher that died before the request took
+    effect has already orphaned the child, which the parent's pid tells: then it dies at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # no C library to ask: the launcher's own signal handling remains
+        return None
+    launcher = os.getpid()
+    option, signum = ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL)
+
+    def guard() -> None:
+        prctl(option, signum)
+        if os.getppid() != launcher:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return guard
+
+
 @contextlib.contextmanager
 def _signals_forwarded_to(job: _Job):
-    """While the job runs, turn SIGINT/SIGTERM to the launcher into events the job acts on."""
+    """While the job runs, turn the signals that stop a job (:data:`_FORWARDED`) into events it acts on."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    signums = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, _frame: job.events.put(("signal", signum))) for s in signums}
+    previous = {s: signal.signal(s, lambda signum, _frame: job.events.put(("signal", signum))) for s in _FORWARDED}
     try:
         yield
     finally:

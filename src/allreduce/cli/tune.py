@@ -6,8 +6,8 @@ are a single known step, through the same API and executor that real collectives
 - *exchange*: a ring all-gather on two ranks is one step in which both ranks send and receive ``m``
   bytes at once (after copying ``m`` bytes locally), as most steps of most algorithms are; its time
   at sizes up to 4 KiB is alpha;
-- *ping-pong*: a ``send`` from rank 0 answered by one from rank 1 is a round trip of one message
-  each way; the slope of half of it over sizes from 256 KiB to 16 MiB is beta;
+- *ping-pong*: a two-rank gather to rank 0 then one to rank 1 is a round trip of one message each
+  way on the collectives' transport; the slope of half of it over sizes from 256 KiB to 16 MiB is beta;
 - *duplex*: how much slower the large exchanges are than one direction alone, from 1 (independent
   directions) to 2 (one shared pipe, as loopback is when the CPU copies every byte);
 - *gamma* per dtype: the SUM kernel (a numpy ufunc with ``out=``) on 16 MiB, on rank 0; *copy*:
@@ -120,18 +120,16 @@ def measure_link() -> tuple[list[float], list[float]]:
         x, out = np.zeros(nbytes, np.uint8), np.zeros(2 * nbytes, np.uint8)
         exchange.append(_synced(lambda x=x, out=out: dist.all_gather_into_tensor(out, x, algorithm="ring"),
                                 _iters(nbytes)))
-    peer = 1 - dist.get_rank()
+    rank = dist.get_rank()
     ping = []
     for nbytes in PING_SIZES:
-        x = np.zeros(nbytes, np.uint8)
+        x, blocks = np.zeros(nbytes, np.uint8), [np.empty(nbytes, np.uint8) for _ in range(2)]
 
-        def round_trip(x=x):
-            if peer:  # rank 0 serves, rank 1 returns
-                dist.send(x, peer)
-                dist.recv(x, peer)
-            else:
-                dist.recv(x, peer)
-                dist.send(x, peer)
+        def round_trip(x=x, blocks=blocks):
+            # a two-rank gather is one message, rank to root, on the collectives' transport (send/recv
+            # have links of their own); one to each rank is a round trip
+            for root in (0, 1):
+                dist.gather(x, blocks if rank == root else None, dst=root, algorithm="binomial")
 
         ping.append(_synced(round_trip, _iters(nbytes)) / 2)
     return ping, exchange

@@ -5,11 +5,12 @@ argument, else the URL's ``?rank=&world_size=``, else the launcher's environment
 build a store, and holds a join barrier on it. This package exports exactly that public surface;
 each part lives in a module of its own:
 
-- :mod:`.join`: :func:`rendezvous` and its join barrier;
+- :mod:`.join`: :func:`rendezvous`, its join barrier, and :data:`LEFT_KEY`, where ranks count out;
 - :mod:`.schemes`: the registry of URL schemes (``env://``, ``tcp://``, ``file://``);
 - :mod:`.environment`: rank, world size and store address from the launcher's variables;
 - :mod:`.store`: the :class:`Store` interface, what each request means, :class:`HashStore` and
   :class:`PrefixStore`;
+- :mod:`.contents`: what a store holds, and its :class:`StoreLimits`;
 - :mod:`.storewire`: the store's wire format, bytes in, messages out, no I/O;
 - :mod:`.tcpstore` and :mod:`.storeserver`: the TCP store's client and its host's server;
 - :mod:`.filestore`: the store on a shared file.
@@ -17,12 +18,13 @@ each part lives in a module of its own:
 
 from __future__ import annotations
 
+from allreduce.rendezvous.contents import StoreLimits
 from allreduce.rendezvous.environment import LaunchInfo, from_environment
 from allreduce.rendezvous.filestore import FileStore
-from allreduce.rendezvous.join import rendezvous
+from allreduce.rendezvous.join import LEFT_KEY, rendezvous
 from allreduce.rendezvous.schemes import Scheme, register_scheme, unregister_scheme
 from allreduce.rendezvous.store import HashStore, PrefixStore, Store
 from allreduce.rendezvous.tcpstore import TCPStore
 
-__all__ = ["rendezvous", "register_scheme", "unregister_scheme", "Scheme", "Store", "PrefixStore", "HashStore",
-           "TCPStore", "FileStore", "LaunchInfo", "from_environment"]
+__all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Store", "PrefixStore",
+           "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]

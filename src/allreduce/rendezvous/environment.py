@@ -14,6 +14,10 @@ The store's address is MASTER_ADDR and MASTER_PORT whatever the launcher (torchr
 mpirun or srun, export them), defaulting to 127.0.0.1:29500; under Slurm a missing MASTER_ADDR falls
 back to the launch node's address. A variable that is absent leaves its field ``None`` for the
 caller to decide; one that is present but wrong is an error, because guessing would hang the job.
+
+torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT and says so to its workers
+(``TORCHELASTIC_USE_AGENT_STORE=True``, with the restart count ``TORCHELASTIC_RESTART_COUNT``):
+then every rank is that store's client and none may host one there.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class LaunchInfo:
     master_addr: str  # host of the rank-0 store
     master_port: int  # port of the rank-0 store
     source: str  # the variables read: "env", "openmpi", "pmi", "slurm", or "none"
+    agent_store: bool = False  # torchrun's agent hosts the store at master_addr:master_port
+    restart: int = 0  # torchrun's restart count: which attempt of the job this is
 
 
 def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
@@ -72,8 +78,10 @@ def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
     master_port = _integer(env, "MASTER_PORT", 1)
     if master_port is not None and master_port > 65535:
         raise ValueError(f"MASTER_PORT={master_port} is not a port (1-65535)")
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torch's own test of it
+    restart = _integer(env, "TORCHELASTIC_RESTART_COUNT", 0) or 0
     return LaunchInfo(rank, world_size, local_rank, local_world_size, master_addr,
-                      DEFAULT_MASTER_PORT if master_port is None else master_port, source)
+                      DEFAULT_MASTER_PORT if master_port is None else master_port, source, agent_store, restart)
 
 
 def _integer(env: Mapping[str, str], name: str | None, minimum: int) -> int | None:

@@ -24,6 +24,7 @@ import time
 
 from allreduce.errors import ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.contents import Contents
 from allreduce.rendezvous.store import Store, apply_request, deadline, timed_out
 from allreduce.settings import DEFAULT_TIMEOUT
 
@@ -54,7 +55,7 @@ class FileStore(Store):
             raise RendezvousError(f"cannot open the store file {self.path} ({exc}); file:// needs a path "
                                   f"every rank can create or open for writing") from exc
         self._lock = threading.Lock()  # flock does not exclude threads sharing this descriptor
-        self._data: dict[str, bytes] = {}
+        self._data = Contents()
         self._decoder = wire.RequestDecoder()
         self._offset = 0  # bytes of the log replayed into _data
 

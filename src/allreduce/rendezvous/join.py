@@ -9,6 +9,11 @@ rank 0 waits for every rank's key, compares the world sizes and publishes a verd
 wait for. A rank that returns therefore knows that all ranks arrived and agree. A world size that
 differs from rank 0's, or a rank too many (two processes given one rank, or a file left by an
 earlier job), is a :class:`RendezvousError` now instead of a hung collective later.
+
+Leaving is counted under :data:`LEFT_KEY` (:func:`allreduce.bootstrap.leave`), and the store's host
+keeps the store until every rank has left. A rank that forms a new group at once, on the same
+address, may therefore reach the old store; finding :data:`LEFT_KEY` in it, it hangs up and dials
+again until the host has opened a fresh one, as torch's re-initialization allows.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import time
 from urllib.parse import SplitResult, parse_qs
 
-from allreduce.errors import CommTimeout, RendezvousError
+from allreduce.errors import CommTimeout, PeerLost, RendezvousError
 from allreduce.rendezvous.environment import from_environment
-from allreduce.rendezvous.schemes import lookup
+from allreduce.rendezvous.schemes import Scheme, lookup
 from allreduce.rendezvous.store import Store, listing
+from allreduce.rendezvous.tcpstore import TCPStore
 from allreduce.settings import DEFAULT_TIMEOUT
+
+LEFT_KEY = "rendezvous/left"  # the count of ranks that left the group: a store that has it is ending
 
 
 def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int = -1,
@@ -50,15 +58,17 @@ def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int =
         ValueError: an unknown scheme, a malformed URL, or a rank/world size that is missing or out
             of range; the message says what to set.
         CommTimeout: not every rank joined within ``timeout`` seconds; says how many did.
-        RendezvousError: the store is unreachable, or the ranks disagree on the world size.
+        RendezvousError: the store is unreachable, holds an ended group's keys, or the ranks disagree
+            on the world size.
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     url, build = lookup(init_method)
     rank, world_size = _identify(url, rank, world_size)
-    store = build(url, rank, world_size, timeout)
+    due = time.monotonic() + timeout
+    store = _fresh(build, url, rank, world_size, timeout)
     try:
-        _join(store, rank, world_size, timeout)
+        _join(store, rank, world_size, due, timeout)
     except BaseException:
         store.close()
         raise
@@ -103,9 +113,35 @@ def _required(value: int | None, argument: str, variable: str) -> int:
     return value
 
 
-def _join(store: Store, rank: int, world_size: int, timeout: float) -> None:
-    """The join barrier (see the module docstring), under keys ``rendezvous/...``."""
+def _fresh(build: Scheme, url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
+    """The store ``build`` makes, once it is not an ended group's (see the module docstring): a TCP
+    client dials again for up to ``timeout`` seconds, any other store holding :data:`LEFT_KEY` is stale."""
     due = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        store = build(url, rank, world_size, timeout)
+        try:
+            if not store.check([LEFT_KEY]):
+                return store
+        except PeerLost:  # the old group's host closed its store under us
+            pass
+        except BaseException:
+            store.close()
+            raise
+        store.close()
+        if not isinstance(store, TCPStore) or store.is_server:
+            raise RendezvousError(f"rank {rank}/{world_size}: {store!r} holds the keys of a group that ended; "
+                                  f"remove a file:// file after each job, or give each group a fresh store")
+        if time.monotonic() >= due:
+            raise CommTimeout(f"rank {rank}/{world_size}: {store!r} still serves the previous group: its host "
+                              f"(rank 0) did not close it; it closes the store once every rank has called "
+                              f"destroy_process_group()")
+        time.sleep(min(pause, _left(due)))
+        pause = min(pause * 2, 0.25)
+
+
+def _join(store: Store, rank: int, world_size: int, due: float, timeout: float) -> None:
+    """The join barrier (see the module docstring), under keys ``rendezvous/...``, by ``due``."""
     me = f"rank {rank}/{world_size}"
     keys = store.prefix("rendezvous")
     keys.set(f"world_size/{rank}", str(world_size).encode())

@@ -5,24 +5,30 @@ is :mod:`.join`. A scheme is a function ``build(url, rank, world_size, timeout)`
 store, with rank and world size already settled:
 
 - ``env://`` (the default): rank 0 hosts a :class:`TCPStore` at MASTER_ADDR:MASTER_PORT, bound to
-  MASTER_ADDR, and every rank connects to it;
+  MASTER_ADDR, and every rank connects to it. Under torchrun, whose agent already hosts a store
+  there, every rank is instead a client of the agent's (:func:`agent_store`);
 - ``tcp://host:port``: the same at the address given;
 - ``file:///path``: a :class:`FileStore` on a file every rank can reach.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from allreduce.rendezvous.environment import from_environment
+from allreduce.errors import RendezvousError
+from allreduce.rendezvous.environment import LaunchInfo, from_environment
 from allreduce.rendezvous.filestore import FileStore
 from allreduce.rendezvous.store import Store
 from allreduce.rendezvous.tcpstore import TCPStore
 
 Scheme = Callable[[SplitResult, int, int, float], Store]
 _SCHEMES: dict[str, Scheme] = {}
+AGENT_STORES = "allreduce.agent_stores"  # entry points: connect(host, port, timeout) -> Store
+_agent_groups = itertools.count()  # groups this process formed on an agent's store, alike on every rank
 
 
 def register_scheme(name: str, build: Scheme) -> None:
@@ -68,8 +74,35 @@ def _known() -> str:
     return ", ".join(f"{name}://" for name in sorted(_SCHEMES))
 
 
+def agent_store(launch: LaunchInfo, timeout: float) -> Store:
+    """A client of the store torchrun's agent hosts, under keys of its own for this attempt and group.
+
+    The agent speaks torch's store protocol, so the client is a plugin (the ``allreduce.agent_stores``
+    entry points; ``allreduce[torch]`` provides one built on torch's ``TCPStore``). The agent's store
+    outlives each group, so every group formed on it gets fresh keys.
+
+    Raises:
+        RendezvousError: no client can be loaded (torch is not installed); the message says what to install.
+    """
+    failures = []
+    for plugin in entry_points(group=AGENT_STORES):
+        try:
+            connect = plugin.load()
+        except ImportError as exc:
+            failures.append(f"{plugin.value}: {exc}")
+            continue
+        store = connect(launch.master_addr, launch.master_port, timeout)
+        return store.prefix(f"allreduce/attempt_{launch.restart}/group_{next(_agent_groups)}")
+    raise RendezvousError(
+        f"torchrun's agent hosts the store at {launch.master_addr}:{launch.master_port} "
+        f"(TORCHELASTIC_USE_AGENT_STORE=True) and joining it needs torch's store client, which could not be "
+        f"loaded ({'; '.join(failures) or 'no plugin installed'}): pip install 'allreduce[torch]'")
+
+
 def _env_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
     launch = from_environment()
+    if launch.agent_store:
+        return agent_store(launch, timeout)
     return TCPStore(launch.master_addr, launch.master_port, is_server=rank == 0, timeout=timeout,
                     world_size=world_size)
 

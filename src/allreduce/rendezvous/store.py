@@ -7,6 +7,8 @@ errors; a store class only says how a request is answered (:meth:`Store.execute`
 (:mod:`.storeserver`) and the file store (:mod:`.filestore`) cannot drift apart. A get or wait whose
 keys are missing is parked until a later change sets them or its deadline passes, when it is
 answered :class:`~.storewire.TimedOut` and the caller gets a :class:`CommTimeout` naming the keys.
+:meth:`Store.within` bounds every request of a caller, waits and the network alike, by one deadline:
+the store calls of a collective end with it even when the store's host is frozen.
 
 This module changes when the store's semantics do; how the requests travel is elsewhere
 (:mod:`.tcpstore` and :mod:`.storeserver` over TCP, :mod:`.filestore` through a shared file).
@@ -22,37 +24,39 @@ from dataclasses import replace
 
 from allreduce.errors import CommTimeout, RendezvousError
 from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.contents import Contents
 from allreduce.settings import DEFAULT_TIMEOUT
 
 
-def apply_request(data: dict[str, bytes], request: wire.Request) -> wire.Response | None:
+def apply_request(data: Contents, request: wire.Request) -> wire.Response | None:
     """Apply ``request`` to ``data`` and return the answer, or ``None`` while a get/wait must wait.
 
-    Counters are stored as decimal ASCII, so ``get`` of a counter reads e.g. ``b"3"``.
+    Counters are stored as decimal ASCII, so ``get`` of a counter reads e.g. ``b"3"``. A change that
+    would break the store's limits is answered :class:`~.storewire.Failed`, naming the limit.
     """
     if isinstance(request, wire.Set):
-        data[request.key] = request.value
-        return wire.Ok()
+        refusal = data.put(request.key, request.value)
+        return wire.Failed(f"set({request.key!r}): {refusal}") if refusal else wire.Ok()
     if isinstance(request, wire.Get):
         value = data.get(request.key)
         return None if value is None else wire.Value(value)
     if isinstance(request, wire.Add):
         try:
-            count = int(data.get(request.key, b"0").decode("ascii")) + request.amount
+            count = int((data.get(request.key) or b"0").decode("ascii")) + request.amount
         except (UnicodeDecodeError, ValueError):
             return wire.Failed(f"add({request.key!r}): the key holds a value that is not a counter")
         if not wire.I64_MIN <= count <= wire.I64_MAX:
             return wire.Failed(f"add({request.key!r}): the counter would overflow 64 bits")
-        data[request.key] = str(count).encode("ascii")
-        return wire.Count(count)
+        refusal = data.put(request.key, str(count).encode("ascii"))
+        return wire.Failed(f"add({request.key!r}): {refusal}") if refusal else wire.Count(count)
     if isinstance(request, wire.Wait):
         return wire.Ok() if all(key in data for key in request.keys) else None
     if isinstance(request, wire.Check):
         return wire.Flag(all(key in data for key in request.keys))
-    return wire.Flag(data.pop(request.key, None) is not None)
+    return wire.Flag(data.pop(request.key) is not None)
 
 
-def timed_out(data: dict[str, bytes], request: wire.Get | wire.Wait) -> wire.TimedOut:
+def timed_out(data: Contents, request: wire.Get | wire.Wait) -> wire.TimedOut:
     """The answer to a get or wait whose deadline passed: the keys still missing."""
     keys = (request.key,) if isinstance(request, wire.Get) else request.keys
     return wire.TimedOut(tuple(key for key in keys if key not in data))
@@ -124,6 +128,20 @@ class Store:
         """A view of this store whose keys are ``prefix + "/" + key`` (for subgroups, later rounds)."""
         return PrefixStore(prefix, self)
 
+    def within(self, seconds: float) -> "Store":
+        """A view of this store whose every request ends within ``seconds`` from now: its waits are cut
+        to what is left, and a store reached over the network gives up on a silent host then.
+
+        For the store calls a collective makes, which must end by its deadline even when the store's
+        host is frozen (SIGSTOP, swapping): a fresh timeout for each would add up.
+
+        Example: ``store.within(0.5).set("progress/3", b"7")`` returns or raises within 0.5 s.
+
+        Raises:
+            ValueError: ``seconds`` is not positive and finite.
+        """
+        return _Within(self, seconds)
+
     @property
     def base(self) -> "Store":
         """The store this one is a view of (itself unless it is a prefix view)."""
@@ -152,10 +170,22 @@ class Store:
         """
         raise NotImplementedError
 
-    def _answer(self, request: wire.Request) -> wire.Response:
+    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+        """Answer ``request`` as :meth:`execute` does, but by ``due`` (``time.monotonic()``) at the latest.
+
+        The store of :meth:`within`. Its waits are already cut to ``due``, so a store that answers from
+        this process's memory or a local file keeps this default; the TCP store overrides it, since its
+        host can fall silent.
+
+        Raises:
+            CommTimeout: no answer came by ``due``.
+        """
+        return self.execute(request)
+
+    def _answer(self, request: wire.Request, due: float | None = None) -> wire.Response:
         if self._closed:
             raise RendezvousError(f"{self!r} is closed")
-        return self.execute(request)
+        return self.execute(request) if due is None else self.execute_by(request, due)
 
     def _call(self, request: wire.Request) -> wire.Response:
         response = self._answer(request)
@@ -216,11 +246,46 @@ class PrefixStore(Store):
         return self._store.base
 
     def execute(self, request: wire.Request) -> wire.Response:
+        return self._store._answer(self._prefixed(request))
+
+    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+        return self._store._answer(self._prefixed(request), due)
+
+    def _prefixed(self, request: wire.Request) -> wire.Request:
         if isinstance(request, (wire.Wait, wire.Check)):
-            request = replace(request, keys=tuple(self._prefix + key for key in request.keys))
-        else:
-            request = replace(request, key=self._prefix + request.key)
-        return self._store._answer(request)
+            return replace(request, keys=tuple(self._prefix + key for key in request.keys))
+        return replace(request, key=self._prefix + request.key)
+
+
+class _Within(Store):
+    """A view of ``store`` whose requests end ``seconds`` from its making (see :meth:`Store.within`);
+    its default wait is what is left, and a request made later fails at once. Closing the view
+    leaves ``store`` open."""
+
+    def __init__(self, store: Store, seconds: float):
+        super().__init__(seconds)
+        self._store = store
+        self._due = time.monotonic() + seconds
+
+    def __repr__(self) -> str:
+        return repr(self._store)
+
+    @property
+    def base(self) -> Store:
+        return self._store.base
+
+    def execute(self, request: wire.Request) -> wire.Response:
+        return self.execute_by(request, self._due)
+
+    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+        due = min(due, self._due)
+        if time.monotonic() >= due:  # e.g. an earlier call met a frozen host and used the time up
+            raise CommTimeout(f"{self!r}: no time left for {type(request).__name__.lower()}")
+        return self._store._answer(request, due)
+
+    def _timeout_ms(self, timeout: float | None) -> int:
+        left = max(math.floor((self._due - time.monotonic()) * 1000), 0)
+        return min(super()._timeout_ms(timeout), left)
 
 
 class HashStore(Store):
@@ -228,7 +293,7 @@ class HashStore(Store):
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT):
         super().__init__(timeout)
-        self._data: dict[str, bytes] = {}
+        self._data = Contents()
         self._changed = threading.Condition()
 
     def __repr__(self) -> str:

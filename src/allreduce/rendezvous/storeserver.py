@@ -5,7 +5,10 @@ each request means is :func:`~.store.apply_request`, and the client is :mod:`.tc
 serves every client through a selector, so a parked get costs no thread. Every connection starts
 with the mutual challenge-response of :mod:`allreduce.auth` over the job's secret; the server reads
 nothing else from a client until it has passed, holds at most a few dozen bytes for it meanwhile,
-and closes it if it fails or is too slow.
+and closes it if it fails or is too slow. When too many strangers are mid-handshake at once (idle
+sockets on the port, a scan, a flood), a new one pushes out the one that has waited longest, so a
+rank that dials in still gets its turn (and dials again if it was the one pushed out). What the
+store holds is capped by its :class:`~.contents.StoreLimits`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from allreduce import auth
 from allreduce.errors import ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.contents import Contents, StoreLimits
 from allreduce.rendezvous.store import apply_request, deadline, timed_out
 
 HANDSHAKE_CONTEXT = b"store"  # what a store connection's handshake proves itself for (both sides)
@@ -47,19 +51,20 @@ class _Peer:
 class StoreServer:
     """Serves the store at exactly ``host:port`` (port 0: a free one, see ``.port``) until closed.
 
-    ``clients`` (the world size, if known) sizes the listen backlog.
+    ``clients`` (the world size, if known) sizes the listen backlog; ``limits`` caps what the store holds.
 
     Each loop waits for sockets (or the nearest deadline of a parked request), reads and decodes what
     arrived, then advances every client in turn until no answer changes the data any more: a set
     thereby releases the gets parked on its key in the same round. A client's requests are answered
     in order, and not until its earlier answers have drained (back-pressure); one that sends an
-    invalid frame, or more than ``_MAX_QUEUED`` requests ahead, is disconnected alone.
+    invalid frame, or more than ``_MAX_QUEUED`` requests (or more than one frame's worth of values)
+    ahead, is disconnected alone.
 
     Raises:
         RendezvousError: ``host:port`` cannot be bound.
     """
 
-    def __init__(self, host: str, port: int, clients: int | None = None):
+    def __init__(self, host: str, port: int, clients: int | None = None, limits: StoreLimits = StoreLimits()):
         backlog = max(_BACKLOG, clients or 0)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
@@ -69,14 +74,14 @@ class StoreServer:
                                   f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
         self.port = self._listener.getsockname()[1]
         self._key = auth.job_key()
-        self._max_strangers = 2 * backlog  # clients mid-handshake at once; more are closed at once
+        self._max_strangers = 2 * backlog  # clients mid-handshake at once; a new one pushes out the oldest
         auth.warn_if_exposed(host)
         self._listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._data: dict[str, bytes] = {}
+        self._data = Contents(limits)
         self._peers: set[_Peer] = set()
         self._thread = threading.Thread(target=self._serve, name=f"allreduce-store:{self.port}", daemon=True)
         self._thread.start()
@@ -121,9 +126,9 @@ class StoreServer:
                 sock, _ = self._listener.accept()
             except OSError:  # BlockingIOError when no one else is waiting
                 return
-            if sum(peer.auth is not None for peer in self._peers) >= self._max_strangers:
-                sock.close()  # a flood of connections that do not authenticate: refuse, don't pile up
-                continue
+            strangers = [peer for peer in self._peers if peer.auth is not None]
+            if len(strangers) >= self._max_strangers:  # shed, don't pile up nor shut out who comes next
+                self._drop(min(strangers, key=lambda peer: peer.due))
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # The handshake (the client's half is in tcpstore): challenge now; the response arrives in
@@ -142,7 +147,7 @@ class StoreServer:
             return
         except (OSError, ProtocolError):
             data = b""
-        if not data or len(peer.queue) > _MAX_QUEUED:
+        if not data or len(peer.queue) > _MAX_QUEUED or _held(peer.queue) > wire.MAX_VALUE:
             self._drop(peer)
 
     def _authenticate(self, peer: _Peer, data: bytes) -> bytes:
@@ -214,3 +219,8 @@ class StoreServer:
             self._peers.discard(peer)
             self._selector.unregister(peer.sock)
             peer.sock.close()
+
+
+def _held(queue: collections.deque) -> int:
+    """Bytes of the values in requests not yet answered."""
+    return sum(len(request.value) for request in queue if isinstance(request, wire.Set))

@@ -6,6 +6,11 @@ also runs its :class:`~.storeserver.StoreServer` and connects to it like every o
 keeps a small pool of connections, one per request in flight, so threads that share a store never
 queue behind each other's blocking get. Every connection first proves, by the mutual
 challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret.
+
+Every request has a deadline (:meth:`Store.execute_by`), and the client gives up on a silent host
+then: a frozen host costs the caller the time it allowed, not a fresh timeout per request. A
+connection cut during the handshake is dialled again until the deadline, since the host sheds the
+oldest strangers when too many connect at once (:mod:`.storeserver`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from allreduce import auth
 from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous.contents import StoreLimits
 from allreduce.rendezvous.store import Store
 from allreduce.rendezvous.storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
 from allreduce.settings import DEFAULT_TIMEOUT
@@ -30,19 +36,23 @@ class _Link:
         self._where = where
         self._decoder = wire.ResponseDecoder()
 
-    def roundtrip(self, request: wire.Request, wait_s: float) -> wire.Response:
+    def roundtrip(self, request: wire.Request, due: float) -> wire.Response:
+        """Send ``request`` and read its answer by ``due`` (``time.monotonic()``)."""
         frame = wire.encode(request)
         responses: list = []
-        self._sock.settimeout(wait_s)
+        wait_s = max(due - time.monotonic(), 0.0)
         try:
+            self._sock.settimeout(_left(due))
             self._sock.sendall(frame)
             while not responses:
+                self._sock.settimeout(_left(due))
                 data = self._sock.recv(RECV_BYTES)
                 if not data:
                     break
                 responses = self._decoder.feed(data)
         except TimeoutError as exc:
-            raise CommTimeout(f"store at {self._where} did not answer within {wait_s:g}s") from exc
+            raise CommTimeout(f"store at {self._where} did not answer within {wait_s:.3g}s: its host "
+                              f"is stopped or overloaded") from exc
         except OSError as exc:
             raise PeerLost(f"store at {self._where} closed the connection ({exc})") from exc
         except ProtocolError as exc:
@@ -63,8 +73,9 @@ class TCPStore(Store):
     With ``is_server`` this process also hosts the server, bound to exactly ``host`` (``"0.0.0.0"``
     for every interface); port 0 picks a free port, and ``.port`` tells which. Every rank, the host
     included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
-    host may start later. ``world_size`` sizes the server's listen backlog. ``timeout`` is also the
-    default wait of ``get`` and ``wait`` (default: the group's timeout, 10 minutes).
+    host may start later. ``world_size`` sizes the server's listen backlog, and ``limits`` caps what
+    it holds. ``timeout`` is also the default wait of ``get`` and ``wait`` (default: the group's
+    timeout, 10 minutes), and what a request may take beyond its wait before the client gives up.
 
     Example (two ranks)::
 
@@ -77,20 +88,20 @@ class TCPStore(Store):
     """
 
     def __init__(self, host: str, port: int, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                 world_size: int | None = None):
+                 world_size: int | None = None, limits: StoreLimits = StoreLimits()):
         super().__init__(timeout)
         if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
             raise ValueError(f"store port must be 1-65535 (0 only where is_server picks one), got {port!r}")
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host = host
-        self._server = StoreServer(host, port, world_size) if is_server else None
+        self._server = StoreServer(host, port, world_size, limits) if is_server else None
         self.port = self._server.port if self._server else port
         self._idle: list[_Link] = []
         self._idle_lock = threading.Lock()
         self._reached = False  # a connection succeeded once: a refusal now means the server is gone
         try:
-            self._idle.append(self._connect())
+            self._idle.append(self._connect(time.monotonic() + self.timeout))
         except BaseException:
             self.close()
             raise
@@ -113,12 +124,16 @@ class TCPStore(Store):
             self._server.close()
 
     def execute(self, request: wire.Request) -> wire.Response:
+        wait_s = getattr(request, "timeout_ms", 0) / 1000
+        return self.execute_by(request, time.monotonic() + self.timeout + wait_s)
+
+    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
         with self._idle_lock:
             link = self._idle.pop() if self._idle else None
         if link is None:
-            link = self._connect()
+            link = self._connect(due)
         try:
-            response = link.roundtrip(request, self.timeout + getattr(request, "timeout_ms", 0) / 1000)
+            response = link.roundtrip(request, due)
         except BaseException:
             link.close()
             raise
@@ -129,37 +144,49 @@ class TCPStore(Store):
                 self._idle.append(link)
         return response
 
-    def _connect(self) -> _Link:
+    def _connect(self, due: float) -> _Link:
+        """A new connection that passed the handshake, dialling again until ``due``: the server may
+        start later, or cut us while it sheds strangers."""
         where = f"{self.host}:{self.port}"
-        address = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host), self.port)
-        due = time.monotonic() + self.timeout
-        pause = 0.01
+        start, pause = time.monotonic(), 0.01
         while True:
             try:
-                sock = socket.create_connection(address, timeout=max(due - time.monotonic(), 0.05))
-                break
-            except OSError as exc:
+                return self._dial(due)
+            except OSError as exc:  # refused, unreachable, cut during the handshake, or too slow
                 if self._reached and isinstance(exc, ConnectionRefusedError):
                     raise PeerLost(f"the store at {where} is gone (connection refused): the rank that "
                                    f"hosted it exited") from exc
                 remaining = due - time.monotonic()
+                if remaining <= 0 and self._reached:
+                    raise CommTimeout(f"store at {where} did not let us in within {due - start:.3g}s ({exc}): "
+                                      f"its host is stopped or overloaded") from exc
                 if remaining <= 0:
                     raise RendezvousError(
-                        f"cannot reach the store at {where} within {self.timeout:g}s ({exc}); check that "
+                        f"cannot reach the store at {where} within {due - start:.3g}s ({exc}); check that "
                         f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
                         f"its host and a port this host may connect to") from exc
-                time.sleep(min(pause, remaining))
-                pause = min(pause * 2, 1.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._handshake(sock)
-        self._reached = True
-        return _Link(sock, where)
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 1.0)
 
-    def _handshake(self, sock: socket.socket) -> None:
-        """Prove to the server that this process knows the job's secret and check that it does too,
-        before the first request; the server's half is in :mod:`.storeserver`."""
+    def _dial(self, due: float) -> _Link:
+        """One connection, and the handshake that proves to the server that this process knows the
+        job's secret and checks that it does too; the server's half is in :mod:`.storeserver`."""
+        address = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host), self.port)
+        sock = socket.create_connection(address, timeout=_left(due))
         try:
-            auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, time.monotonic() + self.timeout)
-        except (OSError, ProtocolError) as exc:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, due)
+        except ProtocolError as exc:  # another secret, or not a store at all: dialling again cannot help
             sock.close()
             raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        self._reached = True
+        return _Link(sock, f"{self.host}:{self.port}")
+
+
+def _left(due: float) -> float:
+    """Seconds until ``due`` for a socket timeout: at least a millisecond, so that a passed deadline
+    times out at once instead of turning the socket non-blocking."""
+    return max(due - time.monotonic(), 0.001)

@@ -7,6 +7,9 @@
 - :class:`ZeroRedundancyOptimizer` shards optimizer state (stage 1) and gradients (stage 2).
 - Importing this package registers the torch.distributed backend ``"allreduce"``, so
   ``torch.distributed.init_process_group("allreduce")`` and DistributedDataParallel run on it.
+- It is also Horovod's ``horovod.torch`` API: ``import allreduce.torch as hvd`` ports a Horovod script
+  (``hvd.init()``, ``hvd.allreduce``, ``hvd.DistributedOptimizer(..., op=hvd.Adasum)``, process sets,
+  ``hvd.join()``...); docs/horovod.md says what differs.
 
 This package needs torch (``pip install allreduce[torch]``); ``import allreduce`` does not.
 
@@ -24,10 +27,30 @@ try:
 except ImportError as exc:
     raise ImportError("allreduce.torch needs PyTorch: pip install 'allreduce[torch]'") from exc
 
-from .backend import ProcessGroupAllreduce, register_backend
+from .backend import ProcessGroupAllreduce
 from .broadcast import broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression, Compressor, ErrorFeedback
+from .handles import poll, synchronize
+from .horovod import (
+    Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, ccl_built, cross_rank, cross_size, cuda_built,
+    ddl_built, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+)
+from .hvd_broadcast import (
+    barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object, join,
+)
+from .hvd_gather import (
+    allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
+    grouped_allgather_async,
+)
+from .hvd_reduce import (
+    allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+    reducescatter, reducescatter_async,
+)
 from .optimizer import DistributedOptimizer
+from .plugin import register_backend
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduction import reduce_flat
 from .scaler import DynamicLossScaler
 from .tensors import Staged
@@ -39,4 +62,14 @@ __all__ = [
     "Compression", "Compressor", "DistributedOptimizer", "DynamicLossScaler", "ErrorFeedback",
     "ProcessGroupAllreduce", "Staged", "ZeroRedundancyOptimizer", "broadcast_optimizer_state",
     "broadcast_parameters", "reduce_flat", "register_backend",
+    # Horovod's horovod.torch API
+    "Adasum", "Average", "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set",
+    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
 ]

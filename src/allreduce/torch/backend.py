@@ -1,288 +1,210 @@
-"""The torch.distributed backend ``"allreduce"``: torch's collectives carried by an allreduce group.
+"""The collectives of the torch backend ``"allreduce"``: torch's ``Backend`` methods on an allreduce group.
 
-:func:`register_backend` (run on ``import allreduce.torch``) registers a creator with
-``torch.distributed.Backend.register_backend``. ``init_process_group("allreduce")`` (and
-``new_group``) call it with the store, rank and size torch already settled; it forms an allreduce
-group on that store (:class:`.torchstore.TorchStore`, so no second rendezvous) and returns a
-:class:`ProcessGroupAllreduce`, a Python subclass of ``torch.distributed.ProcessGroup``. torch then
-calls its methods by name, from ``dist.*`` and from C++ (DistributedDataParallel's reducer).
+torch builds the ``ProcessGroup`` (group name, rank, size, dispatch by device type) and registers,
+for devices cpu and cuda, the backend that :mod:`.plugin`'s creator returns: a C++ ``c10d::Backend``
+(:mod:`.native`) that calls the methods of a :class:`ProcessGroupAllreduce` of the same names, as it
+would call ProcessGroupGloo's. So ``dist.*``, DDP's reducer, FSDP2, DTensor and the functional
+collectives reach these methods whether they call from Python or from C++.
 
 Every method starts its collective asynchronously on the allreduce group and returns a
-:class:`TorchWork`, a Python subclass of torch's ``Work`` that the group's progress thread completes:
-its ``wait()`` raises the collective's error, and its ``get_future()`` yields the output tensors (as
-DDP's communication hooks expect) or fails. (torch's ``_create_work_from_future`` is not enough: its
-``wait()`` returns normally even when the future failed, so synchronous ``dist.*`` calls would
-never see an error.) Tensors the core cannot view in place (CUDA, non-contiguous) are staged
-(:class:`.tensors.Staged`) and copied back before the work completes.
-
-What this relies on in torch beyond the documented ``register_backend`` is private and listed in
-:data:`TORCH_HOOKS`; ``tests/torch/test_torch_backend.py`` checks that the pinned torch still has it.
+:class:`~.work.TorchWork`. Tensors the core cannot view in place (CUDA, non-contiguous) are staged
+(:class:`~.tensors.Staged`) and copied back before the work completes. ``opts`` may be omitted
+wherever torch's callers omit it (``backend.allreduce(tensors)``, communication hooks).
 """
 
 from __future__ import annotations
 
-import datetime
-import threading
-
 import torch
-import torch.distributed as dist
 
 from allreduce import api, bootstrap
 from allreduce.ops import ReduceOp
-from allreduce.settings import Settings
-from allreduce.transport.shm import ShmOptions
 
+from . import monitored, sparse
 from .tensors import Staged
-from .torchstore import TorchStore
+from .work import TorchWork, torch_error
 
 NAME = "allreduce"
-# The private parts of torch this module uses: the creator's options (extended API), the Work methods
-# a Python subclass overrides, and the ProcessGroup method names torch's Python and C++ callers use.
-TORCH_HOOKS = {
-    "torch._C._distributed_c10d": ["_DistributedBackendOptions"],
-    "Work": ["wait", "get_future", "is_completed", "is_success", "exception", "result"],
-    "_DistributedBackendOptions": ["store", "group_rank", "group_size", "timeout", "group_id",
-                                   "global_ranks_in_group"],
-    "ProcessGroup": ["allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
-                     "all_gather_single", "_allgather_base", "gather", "scatter", "reduce_scatter",
-                     "reduce_scatter_single", "_reduce_scatter_base", "all_to_all_single", "alltoall_base",
-                     "alltoall", "barrier", "send", "recv", "recv_anysource", "shutdown", "abort"],
-}
 
 
-class ProcessGroupAllreduce(dist.ProcessGroup):
-    """torch's ProcessGroup interface on an allreduce group (``.group``); see the module docstring."""
+class ProcessGroupAllreduce:
+    """torch's ``Backend`` methods on the allreduce group ``group``; see the module docstring."""
 
     def __init__(self, group):
-        super().__init__(group.rank, group.size)
         self.group = group
-
-    def getBackendName(self) -> str:
-        return NAME
+        self._issued = 0  # collectives started, the same count on every rank (torch's sequence number)
+        self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
+        self._barriers = 0  # monitored barriers held, which name their store keys
+        self._left = False  # shutdown() has left the store
 
     def __repr__(self) -> str:
         return f"<ProcessGroupAllreduce rank {self.group.rank}/{self.group.size} '{self.group.name}'>"
 
+    def _work(self, started, result, *after, source: int = -1) -> TorchWork:
+        parts = started if isinstance(started, list) else [started]
+        self._issued += 1
+        if self._coalesced is not None:
+            self._coalesced.extend(parts)
+        return TorchWork(parts, result, *after, source=source)
+
     # ---- reductions ------------------------------------------------------------------------------
 
-    def allreduce(self, tensors, opts):
-        s = Staged(_one(tensors, "allreduce"))
-        started = api.all_reduce(s.host, _op(opts), group=self.group, async_op=True)
-        return TorchWork(started, tensors, s.copy_back)
+    def allreduce(self, tensors, opts=None):
+        if _one(tensors, "allreduce").is_sparse:
+            return self.allreduce_sparse(tensors, opts)
+        s = Staged(tensors[0])
+        return self._work(api.all_reduce(s.host, _op(opts), group=self.group, async_op=True), tensors, s.copy_back)
 
-    def allreduce_coalesced(self, tensors, opts):
+    def allreduce_sparse(self, tensors, opts=None):
+        """Sparse COO tensors, as Gloo sums them: gather every rank's indices and values, then coalesce."""
+        op = _op(opts)
+        if op != ReduceOp.SUM:
+            raise ValueError(f"sparse all_reduce supports ReduceOp.SUM only (as Gloo), got ReduceOp.{op.name}")
+        try:
+            started = sparse.all_reduce(_one(tensors, "allreduce_sparse"), self.group)
+        except TimeoutError as exc:  # it runs in this thread, so its errors do not pass through a work
+            raise torch_error(exc) from exc
+        return self._work(started, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
         flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else torch.empty(0)
         started = api.all_reduce(flat, _op(opts), group=self.group, async_op=True)
+        return self._work(started, tensors, lambda: _unpack(flat, tensors))
 
-        def unpack():
-            offset = 0
-            with torch.no_grad():
-                for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
-
-        return TorchWork(started, tensors, unpack)
-
-    def reduce(self, tensors, opts):
+    def reduce(self, tensors, opts=None):
         s = Staged(_one(tensors, "reduce"))
-        started = api.reduce(s.host, opts.rootRank, _op(opts), group=self.group, async_op=True)
-        return TorchWork(started, tensors, s.copy_back)
+        started = api.reduce(s.host, _root(opts), _op(opts), group=self.group, async_op=True)
+        return self._work(started, tensors, s.copy_back)
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts):
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = Staged(_one(output_tensors, "reduce_scatter"), copy_in=False)
         ins = [Staged(t).host for t in _one(input_tensors, "reduce_scatter")]
         started = api.reduce_scatter(out.host, ins, _op(opts), group=self.group, async_op=True)
-        return TorchWork(started, output_tensors, out.copy_back)
+        return self._work(started, output_tensors, out.copy_back)
 
-    def reduce_scatter_single(self, output, input, opts):
+    def _reduce_scatter_base(self, output, input, opts=None):
         out, inp = Staged(output, copy_in=False), Staged(input)
         started = api.reduce_scatter_tensor(out.host, inp.host, _op(opts), group=self.group, async_op=True)
-        return TorchWork(started, [output], out.copy_back)
+        return self._work(started, [output], out.copy_back)
 
-    _reduce_scatter_base = reduce_scatter_single
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._joined([self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
     # ---- data movement ---------------------------------------------------------------------------
 
-    def broadcast(self, tensors, opts):
+    def broadcast(self, tensors, opts=None):
         s = Staged(_one(tensors, "broadcast"))
-        started = api.broadcast(s.host, opts.rootRank, group=self.group, async_op=True)
-        return TorchWork(started, tensors, s.copy_back)
+        started = api.broadcast(s.host, _root(opts), group=self.group, async_op=True)
+        return self._work(started, tensors, s.copy_back)
 
-    def allgather(self, output_tensors, input_tensors, opts):
+    def allgather(self, output_tensors, input_tensors, opts=None):
         outs = [Staged(t, copy_in=False) for t in _one(output_tensors, "allgather")]
         inp = Staged(_one(input_tensors, "allgather"))
         started = api.all_gather([o.host for o in outs], inp.host, group=self.group, async_op=True)
-        return TorchWork(started, output_tensors, *[o.copy_back for o in outs])
+        return self._work(started, output_tensors, *[o.copy_back for o in outs])
 
-    def all_gather_single(self, output, input, opts):
+    def _allgather_base(self, output, input, opts=None):
         out, inp = Staged(output, copy_in=False), Staged(input)
         started = api.all_gather_into_tensor(out.host, inp.host, group=self.group, async_op=True)
-        return TorchWork(started, [output], out.copy_back)
+        return self._work(started, [output], out.copy_back)
 
-    _allgather_base = all_gather_single
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """``output_lists[r][i]`` receives rank r's ``input_tensors[i]`` (Gloo's layout)."""
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(input_tensors)]
+        return self._joined(works, output_lists)
 
-    def gather(self, output_tensors, input_tensors, opts):
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._joined([self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
         inp = Staged(_one(input_tensors, "gather"))
         outs = [Staged(t, copy_in=False) for t in output_tensors[0]] if output_tensors else None
-        started = api.gather(inp.host, [o.host for o in outs] if outs else None, opts.rootRank,
+        started = api.gather(inp.host, [o.host for o in outs] if outs else None, _root(opts),
                              group=self.group, async_op=True)
-        return TorchWork(started, output_tensors, *[o.copy_back for o in outs or ()])
+        return self._work(started, output_tensors, *[o.copy_back for o in outs or ()])
 
-    def scatter(self, output_tensors, input_tensors, opts):
+    def scatter(self, output_tensors, input_tensors, opts=None):
         out = Staged(_one(output_tensors, "scatter"), copy_in=False)
         ins = [Staged(t).host for t in input_tensors[0]] if input_tensors else None
-        started = api.scatter(out.host, ins, opts.rootRank, group=self.group, async_op=True)
-        return TorchWork(started, output_tensors, out.copy_back)
+        started = api.scatter(out.host, ins, _root(opts), group=self.group, async_op=True)
+        return self._work(started, output_tensors, out.copy_back)
 
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        if not output_split_sizes and not input_split_sizes:
-            out, inp = Staged(output, copy_in=False), Staged(input)
-            started = api.all_to_all_single(out.host, inp.host, group=self.group, async_op=True)
-            return TorchWork(started, [output], out.copy_back)
-        return self._all_to_all_blocks(_split(output, output_split_sizes, self.size()),
-                                       _split(input, input_split_sizes, self.size()), [output])
+    def alltoall_base(self, output, input, output_split_sizes=(), input_split_sizes=(), opts=None):
+        out, inp = Staged(output, copy_in=False), Staged(input)
+        started = api.all_to_all_single(out.host, inp.host, list(output_split_sizes) or None,
+                                        list(input_split_sizes) or None, group=self.group, async_op=True)
+        return self._work(started, [output], out.copy_back)
 
-    alltoall_base = all_to_all_single
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """Blocks of any sizes: one flat all-to-all whose split sizes are the blocks' element counts."""
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=input_tensors[0].dtype)
+        flat_in = torch.cat([t.detach().reshape(-1).cpu() for t in input_tensors])
+        started = api.all_to_all_single(flat_out, flat_in, [t.numel() for t in output_tensors],
+                                        [t.numel() for t in input_tensors], group=self.group, async_op=True)
+        return self._work(started, output_tensors, lambda: _unpack(flat_out, output_tensors))
 
-    def alltoall(self, output_tensors, input_tensors, opts):
-        return self._all_to_all_blocks(list(output_tensors), list(input_tensors), output_tensors)
+    # ---- synchronization and point-to-point ------------------------------------------------------
 
-    def barrier(self, opts):
-        return TorchWork(api.barrier(group=self.group, async_op=True), None)
+    def barrier(self, opts=None):
+        return self._work(api.barrier(group=self.group, async_op=True), None)
 
-    def send(self, tensors, dst, tag=0):
+    def monitored_barrier(self, opts=None, wait_all_ranks: bool = False) -> None:
+        """Gloo's monitored barrier (rank 0 names the ranks that did not arrive in time), on the store."""
+        self._barriers += 1
+        seconds = -1.0 if opts is None else opts.timeout.total_seconds()  # torch's "unset" is -1 ms
+        monitored.barrier(self.group, self._barriers, seconds if seconds >= 0 else self.group.timeout, wait_all_ranks)
+
+    def send(self, tensors, dst: int, tag: int = 0):
         s = Staged(_one(tensors, "send"))
-        return TorchWork(api.isend(s.host, dst, group=self.group, tag=tag), tensors)
+        return self._work(api.isend(s.host, dst, group=self.group, tag=tag), tensors)
 
-    def recv(self, tensors, src, tag=0):
+    def recv(self, tensors, src: int, tag: int = 0):
         s = Staged(_one(tensors, "recv"), copy_in=False)
-        return TorchWork(api.irecv(s.host, src, group=self.group, tag=tag), tensors, s.copy_back)
+        return self._work(api.irecv(s.host, src, group=self.group, tag=tag), tensors, s.copy_back, source=src)
 
-    def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("the allreduce backend cannot receive from any source; pass src to recv")
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise RuntimeError("the allreduce backend cannot receive from any source yet; pass src to recv")
+
+    # ---- coalescing, sequence numbers, lifetime --------------------------------------------------
+
+    def _start_coalescing(self) -> None:
+        """Collect the works started until :meth:`_end_coalescing` (torch's ``_coalescing_manager``)."""
+        self._coalesced = []
+
+    def _end_coalescing(self) -> TorchWork:
+        """One work for all those started since :meth:`_start_coalescing`; they run in issue order."""
+        parts, self._coalesced = self._coalesced or [], None
+        return TorchWork(parts, None)
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._issued
 
     def shutdown(self) -> None:
-        """Close the group, then leave the store (rank 0 waits briefly for the others to leave)."""
+        """Close the group, then leave the store (rank 0 waits briefly for the others to leave); once."""
+        if self._left:
+            return
+        self._left = True
+        healthy = self.group.healthy
         self.group.close()
-        bootstrap.leave(self.group.store, self.group.size)
+        bootstrap.leave(self.group.store, self.group.size, wait=healthy)
 
     def abort(self) -> None:
         self.group.close()
 
-    def _all_to_all_blocks(self, outs: list[torch.Tensor], ins: list[torch.Tensor], result):
-        """All-to-all of blocks of any sizes: pad every block to the largest in the group, then unpad."""
-        size = self.size()
-        if len(outs) != size or len(ins) != size:
-            raise ValueError(f"all-to-all needs one block per rank ({size}), got {len(ins)} in and {len(outs)} out")
-        largest = torch.tensor([max(t.numel() for t in outs + ins)], dtype=torch.int64)
-        api.all_reduce(largest, ReduceOp.MAX, group=self.group)
-        block = int(largest)
-        sending = torch.zeros(size * block, dtype=ins[0].dtype)
-        with torch.no_grad():
-            for j, t in enumerate(ins):
-                sending[j * block:j * block + t.numel()] = t.reshape(-1).cpu()
-        receiving = torch.empty_like(sending)
-        started = api.all_to_all_single(receiving, sending, group=self.group, async_op=True)
-
-        def unpad():
-            with torch.no_grad():
-                for j, t in enumerate(outs):
-                    t.copy_(receiving[j * block:j * block + t.numel()].view_as(t))
-
-        return TorchWork(started, result, unpad)
+    def _joined(self, works: list[TorchWork], result) -> TorchWork:
+        """One work done when all of ``works`` are (a coalesced call made of several collectives)."""
+        self._issued -= len(works) - 1
+        return TorchWork([part for w in works for part in w.parts], result)
 
 
-def register_backend() -> None:
-    """Register ``"allreduce"`` with torch.distributed (once; ``import allreduce.torch`` does it).
-
-    Example::
-
-        import allreduce.torch
-        torch.distributed.init_process_group("allreduce")    # under allreduce run or torchrun
-    """
-    if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])
-
-
-def create(options, backend_options=None) -> ProcessGroupAllreduce:
-    """torch's creator hook: form an allreduce group on the store torch passes in."""
-    seconds = options.timeout.total_seconds()
-    ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
-    store = TorchStore(options.store, seconds, is_server=options.group_rank == 0)
-    group = bootstrap.form_group(store, options.group_rank, options.group_size, seconds, f"torch-{options.group_id}",
-                                 ranks, Settings.from_env(), ShmOptions.from_env())
-    return ProcessGroupAllreduce(group)
-
-
-class TorchWork(dist.Work):
-    """A torch ``Work`` that completes, with value ``result``, once ``started`` (an allreduce
-    :class:`~allreduce.Work`) and the ``after`` callbacks (copy-backs of staged tensors) are done.
-
-    ``wait()`` raises the collective's own error (a :class:`~allreduce.Mismatch`, a
-    :class:`~allreduce.CommTimeout`...). ``get_future()`` is completed with the output tensors, or
-    failed with that error, which is what DDP and its communication hooks consume from C++.
-    """
-
-    def __init__(self, started, result, *after):
-        super().__init__()
-        self._result = result
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        settled = torch.futures.Future()  # its value: the outputs, or the error, as an object
-        self._future = settled.then(_unwrap)  # an error there fails this one in C++ too
-
-        def finish(done):
-            try:
-                done.result()
-                for step in after:
-                    step()
-            except BaseException as exc:  # delivered to whoever waits on the work
-                self._error = exc
-            self._done.set()
-            settled.set_result(self._error if self._error is not None else result)
-
-        started.get_future().add_done_callback(finish)
-
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        """Block until done (at most ``timeout``, zero meaning no limit); raise the collective's error."""
-        seconds = timeout.total_seconds() or None
-        if not self._done.wait(seconds):
-            raise TimeoutError(f"collective did not complete within {seconds}s")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-    def result(self) -> list:
-        self.wait()
-        return self._result
-
-
-def _unwrap(settled: torch.futures.Future):
-    value = settled.value()
-    if isinstance(value, BaseException):
-        raise value
-    return value
-
-
-def _one(tensors: list, what: str):
+def _one(tensors: list, what: str) -> torch.Tensor:
     if len(tensors) != 1:
         raise ValueError(f"{what} on the allreduce backend takes one tensor (one device per process), got {len(tensors)}")
     return tensors[0]
 
 
 def _op(opts) -> ReduceOp:
+    if opts is None:
+        return ReduceOp.SUM
     name = opts.reduceOp.op.name
     if name not in ReduceOp.__members__:
         raise ValueError(f"ReduceOp.{name} is not supported by the allreduce backend; use "
@@ -290,12 +212,15 @@ def _op(opts) -> ReduceOp:
     return ReduceOp[name]
 
 
-def _split(t: torch.Tensor, sizes: list[int], size: int) -> list[torch.Tensor]:
-    """``t`` cut along dim 0 into ``sizes`` rows (equal parts when ``sizes`` is empty)."""
-    if not sizes:
-        if t.shape[0] % size:
-            raise ValueError(f"all_to_all_single without split sizes needs dim 0 ({t.shape[0]}) divisible by {size}")
-        sizes = [t.shape[0] // size] * size
-    if sum(sizes) != t.shape[0]:
-        raise ValueError(f"split sizes {list(sizes)} do not add up to dim 0 ({t.shape[0]})")
-    return list(torch.split(t, list(sizes)))
+def _root(opts) -> int:
+    return 0 if opts is None else opts.rootRank
+
+
+def _unpack(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy consecutive pieces of ``flat`` into ``tensors``."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+

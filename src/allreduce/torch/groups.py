@@ -4,7 +4,7 @@ The optimizers take ``group=None`` (or ``process_group=None``) like torch does. 
 allreduce's default group when ``allreduce.init_process_group`` was called, and otherwise torch's
 default group when that runs on the ``"allreduce"`` backend, so a script that only called
 ``torch.distributed.init_process_group("allreduce")`` works too. A torch group on this backend
-stands for the allreduce group inside it.
+stands for the allreduce group inside it (its cpu backend's ``impl``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from allreduce import api
 from allreduce.group import ProcessGroup
 
 from .backend import ProcessGroupAllreduce
+from .hooks import cpu_backend
 
 
 def resolve(group) -> ProcessGroup | None:
@@ -32,6 +33,8 @@ def resolve(group) -> ProcessGroup | None:
         else:
             raise RuntimeError("no process group: call allreduce.init_process_group() or "
                                "torch.distributed.init_process_group('allreduce') first")
+    if isinstance(group, dist.ProcessGroup):
+        group = getattr(cpu_backend(group), "impl", group)
     if isinstance(group, ProcessGroupAllreduce):
         return group.group
     if isinstance(group, ProcessGroup):
@@ -40,4 +43,3 @@ def resolve(group) -> ProcessGroup | None:
         raise ValueError(f"this rank is not a member of group {group.ranks}")
     raise TypeError(f"group must be an allreduce group or a torch group on the 'allreduce' backend, "
                     f"got {type(group).__name__}; create it with init_process_group('allreduce') or new_group()")
-

@@ -1,19 +1,25 @@
 """``DistributedOptimizer``: data-parallel training by averaging gradients across ranks.
 
-It wraps the user's optimizer (composition: the optimizer object is kept as it is) and registers a
-hook on every parameter that fires once backward has accumulated the parameter's gradient. Each
-gradient marks its fusion bucket (:mod:`.buckets`); a bucket whose gradients are all in is *launched*
-— handed to one communication thread that packs it, reduces it (:func:`.reduction.reduce_flat`,
-through the compressor) and unpacks it — while backward goes on computing the earlier layers.
-``step()`` waits for every bucket, launching first those still waiting for gradients that never came
-(unused parameters: their gradient counts as zero), then steps the wrapped optimizer.
+It wraps the user's optimizer (composition: the optimizer object is kept as it is) and is itself a
+``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults`` *are* the wrapped one's,
+so LR schedulers, ``GradScaler`` and ``isinstance`` checks accept it. It registers a hook on every
+parameter that fires once backward has accumulated the parameter's gradient. Each gradient marks its
+fusion bucket (:mod:`.buckets`); a bucket whose gradients are all in is *launched* — handed to one
+communication thread that packs it, reduces it (:func:`.reduction.reduce_flat`, through the
+compressor) and unpacks it — while backward goes on computing the earlier layers. ``step()`` waits
+for every bucket, launching first those still waiting for gradients that never came (unused
+parameters: their gradient counts as zero), then steps the wrapped optimizer.
 
 Buckets are launched strictly in bucket order (a ready bucket waits for the ones before it) and the
-communication thread runs them one after the other, so every rank issues the same collectives in the
-same order whatever order its hooks fire in. With ``backward_passes_per_step=k`` a parameter's hook
-counts passes and the bucket waits for the k-th; gradients accumulate in ``.grad`` meanwhile.
-Between backward and ``step()`` the group carries the gradients: a collective issued on the same group
-from elsewhere in that window could interleave differently on different ranks (give it its own group).
+communication thread runs them one after the other, on a twin of the caller's group that it formed
+(:mod:`.twins`: a group serves one thread at a time), so every rank issues the same collectives in the same
+order whatever order its hooks fire in, and collectives the caller issues meanwhile cannot
+interleave with them. With ``backward_passes_per_step=k`` a parameter's hook counts passes and the
+bucket waits for the k-th; gradients accumulate in ``.grad`` meanwhile.
+
+With ``op=Adasum`` (Horovod's delta optimizer) nothing is reduced during backward: ``step()`` steps
+the wrapped optimizer on the local gradients, and the change it made to each parameter is combined
+across ranks by Adasum (:mod:`.adasum`, each parameter its own segment) and applied to the old values.
 """
 
 from __future__ import annotations
@@ -21,29 +27,46 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
+import warnings
 
 import torch
 
+from allreduce import api
 from allreduce.ops import ReduceOp
 
 from . import buckets as _buckets
+from . import joining, process_sets
+from .adasum import ADASUM
+from .adasum import reduce as adasum_reduce
 from .compression import Compression, Compressor
 from .groups import resolve
 from .reduction import REDUCTIONS, reduce_flat
+from .twins import twin
 
 DEFAULT_FUSION_MB = 25.0  # bucket size; gradients of a model smaller than this travel as one message
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """Average gradients across ranks during backward, then step ``optimizer``.
+
+    The arguments up to ``process_set`` are Horovod's, in Horovod's order and meaning.
 
     Args:
         optimizer: any ``torch.optim.Optimizer``; it is wrapped, not changed.
         named_parameters: ``model.named_parameters()``, for names in error messages; every parameter of
             ``optimizer`` must be among them. Default: names ``param.<i>``.
         compression: how gradients travel (``Compression.none``, ``fp16``, ``bf16``, ``error_feedback``).
-        op: ``ReduceOp.AVG`` (default) or ``ReduceOp.SUM``.
         backward_passes_per_step: backward passes whose gradients accumulate locally per reduction.
+        op: ``ReduceOp.AVG`` (``hvd.Average``, default), ``ReduceOp.SUM`` or ``hvd.Adasum``.
+        gradient_predivide_factor: with AVG, divide gradients by this before the sum and multiply by
+            it after (the average is unchanged; it shifts where rounding happens).
+        num_groups: Horovod's deprecated spelling of ``groups=<int>``.
+        groups: ``k`` (the parameters cut into ``k`` consecutive fusion groups) or a list of lists of
+            parameters (each list one group, every other parameter a group of its own); each group is
+            reduced as one message, replacing ``fusion_threshold_mb``.
+        sparse_as_dense: accepted for Horovod; sparse gradients are always reduced dense and handed
+            back sparse.
+        process_set: reduce over this ``hvd`` process set; on ranks outside it nothing is reduced.
         fusion_threshold_mb: bucket size in MiB; 0 reduces each gradient on its own.
         group: an allreduce group, a torch group on the ``"allreduce"`` backend, or ``None`` (default).
 
@@ -59,37 +82,35 @@ class DistributedOptimizer:
         ValueError: bad options, or ``named_parameters`` that do not cover the optimizer's parameters.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, compression: Compressor = Compression.none,
-                 op: ReduceOp = ReduceOp.AVG, backward_passes_per_step: int = 1,
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None,
+                 compression: Compressor = Compression.none, backward_passes_per_step: int = 1, op=ReduceOp.AVG,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                 sparse_as_dense: bool = False, process_set=None, *,
                  fusion_threshold_mb: float = DEFAULT_FUSION_MB, group=None):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if not isinstance(compression, Compressor):
-            raise TypeError(f"compression must be a Compressor such as Compression.fp16, got {compression!r}")
-        if op not in REDUCTIONS:
-            raise ValueError(f"op must be ReduceOp.AVG or ReduceOp.SUM, got {op!r}")
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
-        if not fusion_threshold_mb >= 0:
-            raise ValueError(f"fusion_threshold_mb must be >= 0, got {fusion_threshold_mb!r}")
+        _check_options(optimizer, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                       fusion_threshold_mb)
+        if num_groups:
+            warnings.warn("num_groups is deprecated (as in Horovod); pass groups=", DeprecationWarning, stacklevel=2)
+            groups = num_groups if groups is None else groups
         self.optimizer = optimizer
+        super().__setstate__({})  # a torch Optimizer's hook tables; its __init__ would replace param_groups
         self.compression = compression
-        self.op = ReduceOp(op)
+        self.op = op if op is ADASUM else ReduceOp(op)
         self.backward_passes_per_step = backward_passes_per_step
-        self._group = resolve(group)
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self._groups = groups
+        self._threshold = int(fusion_threshold_mb * 2**20)
         named = _named(optimizer, named_parameters)
-        self._buckets = _buckets.assign(named, int(fusion_threshold_mb * 2**20))
-        self._bucket_of = {p: b for b in self._buckets for p in b.params}
-        self._name_of = {p: name for name, p in named}
+        parent = _parent_group(process_set, group)
         self._lock = threading.Lock()
-        self._passes: dict[torch.Tensor, int] = {}
-        self._waiting = [len(b.params) for b in self._buckets]  # gradients each bucket still waits for
-        self._next = 0  # index of the next bucket to launch
+        self._comm = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="allreduce-grads")
+        self._group = self._comm.submit(twin, parent, "grads").result() if parent is not None else None
+        self._channel = joining.open_channel(self._group, self._comm.submit) if self._group is not None else None
         self._in_flight: list[concurrent.futures.Future] = []
         self._synchronized = False
         self._skip = False
-        self._comm = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="allreduce-grads")
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for _, p in named]
+        self._hooks: list = []
+        self._arrange(named)
 
     # ---- the wrapped optimizer -------------------------------------------------------------------
 
@@ -101,11 +122,29 @@ class DistributedOptimizer:
     def state(self):
         return self.optimizer.state
 
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a parameter group to the wrapped optimizer; its parameters are reduced from now on
+        (named ``param_groups.<g>.<i>``). Every rank must add the same groups.
+
+        Raises:
+            RuntimeError: reductions are in flight.
+        """
+        if self.in_flight:
+            raise RuntimeError("add_param_group() while gradient reductions are in flight; call step() first")
+        self.optimizer.add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        added = [(f"param_groups.{index}.{i}", p) for i, p in enumerate(self.param_groups[-1]["params"])]
+        self._arrange(_named(self.optimizer, self._named + added))
 
     # ---- training --------------------------------------------------------------------------------
 
@@ -119,11 +158,23 @@ class DistributedOptimizer:
         with self._lock:
             return len(self._in_flight)
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change ``backward_passes_per_step`` (Horovod's method); takes effect from the next pass.
+
+        Raises:
+            RuntimeError: reductions are in flight.
+        """
+        if self.in_flight:
+            raise RuntimeError("set_backward_passes_per_step() while gradient reductions are in flight")
+        _check_options(self.optimizer, self.compression, passes, self.op, self.gradient_predivide_factor, 0)
+        self.backward_passes_per_step = passes
+        self._reset()
+
     def synchronize(self) -> None:
         """Wait until every gradient is reduced (launching buckets still waiting); idempotent until
-        the next backward pass."""
+        the next backward pass. With Adasum there is nothing to wait for (``step()`` reduces)."""
         with self._lock:
-            if self._synchronized:
+            if self._synchronized or self.op is ADASUM:
                 return
             while self._next < len(self._buckets):
                 self._launch()
@@ -133,9 +184,7 @@ class DistributedOptimizer:
                 future.result()
         finally:
             with self._lock:
-                self._passes.clear()
-                self._waiting = [len(b.params) for b in self._buckets]
-                self._next = 0
+                self._reset()
                 self._synchronized = True
 
     @contextlib.contextmanager
@@ -149,7 +198,12 @@ class DistributedOptimizer:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             with opt.skip_synchronize():
                 opt.step()
+
+        Raises:
+            RuntimeError: with ``op=Adasum``, whose ``step()`` does the reduction (as in Horovod).
         """
+        if self.op is ADASUM:
+            raise RuntimeError("skip_synchronize() is not supported with op=Adasum: its step() reduces")
         self._skip = True
         try:
             yield
@@ -169,6 +223,9 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.op is ADASUM and self._group is not None:
+            self._adasum_step()
+            return loss
         if not self._skip:
             self.synchronize()
         elif self.in_flight:
@@ -189,24 +246,51 @@ class DistributedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def close(self) -> None:
-        """Remove the hooks and stop the communication thread once the reductions in flight are done.
+        """Remove the hooks, close the gradient group and stop the communication thread once the
+        reductions in flight are done.
 
         Buckets still waiting for gradients are not launched: every rank may close at any time.
         Raises the error of a reduction that failed in flight.
         """
         for hook in self._hooks:
             hook.remove()
-        self._comm.shutdown(wait=True)
+        joining.close_channel(self._channel)
         with self._lock:
             in_flight, self._in_flight = self._in_flight, []
-        for future in in_flight:
-            future.result()
+        try:
+            for future in in_flight:
+                future.result()
+        finally:
+            if self._group is not None:
+                self._comm.submit(self._group.close).result()
+            self._comm.shutdown(wait=True)
 
     def __repr__(self) -> str:
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, compression={self.compression!r}, "
-                f"op={self.op.name}, buckets={len(self._buckets)})")
+                f"op={getattr(self.op, 'name', self.op)}, buckets={len(self._buckets)})")
 
-    # ---- hooks and launching ---------------------------------------------------------------------
+    # ---- buckets, hooks and launching ------------------------------------------------------------
+
+    def _arrange(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Build the buckets of ``named`` and hook every parameter (none without peers or with Adasum)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._named = named
+        groups = _buckets.explicit_groups([p for _, p in named], self._groups)
+        self._buckets = (_buckets.assign(named, self._threshold) if groups is None
+                         else _buckets.assign_groups(named, groups))
+        self._bucket_of = {p: b for b in self._buckets for p in b.params}
+        self._name_of = {p: name for name, p in named}
+        reduces_in_backward = self._group is not None and self.op is not ADASUM
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for _, p in named if reduces_in_backward]
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the passes counted since the last synchronization (with the lock held, or alone)."""
+        self._passes: dict[torch.Tensor, int] = {}
+        self._waiting = [len(b.params) for b in self._buckets]  # gradients each bucket still waits for
+        # with nobody to reduce with, every bucket counts as launched: synchronize() has nothing to do
+        self._next = 0 if self._group is not None else len(self._buckets)
 
     def _on_gradient(self, p: torch.Tensor) -> None:
         with self._lock:
@@ -231,8 +315,68 @@ class DistributedOptimizer:
 
     def _reduce(self, bucket: _buckets.Bucket) -> None:
         bucket.pack()
-        reduce_flat(bucket.buffer, self.compression, self.op, self._group)
+        flat, factor = bucket.buffer, self.gradient_predivide_factor
+        joining.agree(self._channel, self._request(joining.REDUCE, flat))
+        if factor != 1.0:
+            flat.div_(factor)
+        reduce_flat(flat, self.compression, self.op, self._group)
+        if factor != 1.0:
+            flat.mul_(factor)
         bucket.unpack()
+
+    def _request(self, kind: int, flat: torch.Tensor) -> joining.Request:
+        op = ReduceOp.SUM if self.op is ADASUM else self.op
+        return joining.Request(kind, flat.numel(), flat.dtype, op, self.compression.wire_dtype_for(flat.dtype))
+
+    # ---- Adasum ----------------------------------------------------------------------------------
+
+    def _adasum_step(self) -> None:
+        """Step locally, then replace each parameter by its old value plus the Adasum of every rank's change."""
+        before = {p: p.detach().clone() for b in self._buckets for p in b.params}
+        self.optimizer.step()
+        for future in [self._comm.submit(self._adasum_bucket, b, before) for b in self._buckets]:
+            future.result()
+
+    def _adasum_bucket(self, bucket: _buckets.Bucket, before: dict) -> None:
+        for p, part in zip(bucket.params, bucket.views()):
+            part.copy_((p.detach() - before[p]).reshape(-1))
+        joining.agree(self._channel, self._request(joining.ADASUM, bucket.buffer))
+        adasum_reduce(bucket.buffer, bucket.sizes, self.compression, self._group)
+        with torch.no_grad():  # (grad mode is per thread)
+            for p, part in zip(bucket.params, bucket.views()):
+                p.copy_(before[p] + part.view(p.shape).to(p.device))
+
+
+def _check_options(optimizer, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                   fusion_threshold_mb) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not isinstance(compression, Compressor):
+        raise TypeError(f"compression must be a Compressor such as Compression.fp16, got {compression!r}")
+    if op is not ADASUM and op not in REDUCTIONS:
+        raise ValueError(f"op must be ReduceOp.AVG (hvd.Average), ReduceOp.SUM (hvd.Sum) or hvd.Adasum, got {op!r}")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+    if gradient_predivide_factor != 1.0 and op != ReduceOp.AVG:
+        raise ValueError(f"gradient_predivide_factor needs op=Average (as in Horovod), got op={op!r}")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+    if not fusion_threshold_mb >= 0:
+        raise ValueError(f"fusion_threshold_mb must be >= 0, got {fusion_threshold_mb!r}")
+
+
+def _parent_group(process_set, group):
+    """The group whose ranks reduce together, or ``None`` when this rank has nobody to reduce with
+    (a group of one, or a process set it is not in: Horovod then steps locally)."""
+    if process_set is not None:
+        if group is not None:
+            raise ValueError("pass process_set= or group=, not both")
+        if not process_set.included():
+            return None
+        parent = process_sets.group_of(process_set)
+    else:
+        parent = resolve(group) or api.default_group()
+    return parent if parent.size > 1 else None
 
 
 def _named(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:

@@ -14,6 +14,9 @@ move the same bytes as a ring all-reduce, half of them at 16 bits:
    it and, for SUM, multiplies by ``n`` (in float32 or wider).
 
 Every rank decodes the same gathered bits, so all ranks end with identical results.
+
+:func:`start` is the general entry of the Horovod layer: it also takes MIN/MAX/PRODUCT (reduced in the
+wire dtype, where no sum can overflow) and leaves plain all-reduces in flight.
 """
 
 from __future__ import annotations
@@ -68,3 +71,30 @@ def reduce_flat(flat: torch.Tensor, compressor: Compressor, op: ReduceOp, group=
     if op is ReduceOp.SUM:
         result.mul_(size)
     flat.copy_(result)
+
+
+def start(flat: torch.Tensor, compressor: Compressor, op: ReduceOp, group=None):
+    """Begin reducing the 1-D contiguous CPU tensor ``flat`` in place: ``(work, finish)``; once ``work``
+    (``None``: already done) completes, ``finish()`` puts the result in ``flat``.
+
+    SUM and AVG go as :func:`reduce_flat` (16-bit wires synchronously: it takes two collectives with a
+    sum between them); other ops are reduced in the compressor's wire dtype.
+
+    Example (two ranks)::
+
+        work, finish = start(x, Compression.none, ReduceOp.MAX)
+        work.wait(); finish()             # x: the element-wise maximum
+    """
+    size = api.get_world_size(group)
+    if op in REDUCTIONS:
+        if compressor.wire_dtype_for(flat.dtype) in HALF and size > 1:
+            reduce_flat(flat, compressor, op, group)
+            return None, _nothing
+        return api.all_reduce(flat, op, group, async_op=True), _nothing
+    wire, ctx = compressor.compress(flat)
+    work = api.all_reduce(wire, op, group, async_op=True)
+    return work, lambda: flat.copy_(compressor.decompress(wire, ctx))
+
+
+def _nothing() -> None:
+    """The ``finish`` of a reduction that wrote into its buffer directly."""

@@ -7,6 +7,9 @@ request onto the torch store's method of the same meaning. torch signals a timed
 ``DistStoreError``, which becomes the ``TimedOut`` answer (and the caller's :class:`CommTimeout`);
 it reads a zero timeout as "forever", so a zero-timeout wait is a ``check``. Any other torch store
 error (the host is gone) becomes :class:`PeerLost`.
+
+:func:`connect_agent_store` is the ``allreduce.agent_stores`` entry point: under torchrun, whose agent
+hosts a TCPStore, ``allreduce.init_process_group()`` joins it through torch's client.
 """
 
 from __future__ import annotations
@@ -74,3 +77,9 @@ class TorchStore(Store):
         except dist.DistStoreError:
             return False
         return True
+
+
+def connect_agent_store(host: str, port: int, timeout: float) -> TorchStore:
+    """A client of the TCPStore torchrun's agent hosts at ``host:port`` (see the module docstring)."""
+    client = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    return TorchStore(client, timeout)

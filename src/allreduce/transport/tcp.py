@@ -23,6 +23,7 @@ import select
 import socket
 import time
 from collections import deque
+from collections.abc import Container
 from itertools import islice
 
 from .. import auth, wire
@@ -254,12 +255,13 @@ class TcpPeering:
     kind = "tcp"
     joining = "connect"
 
-    def __init__(self, rank: int, size: int, host: str, tag: str, key: bytes):
+    def __init__(self, rank: int, size: int, host: str, tag: str, key: bytes, dialers: Container[int] | None = None):
         self.rank = rank
         self.size = size
         self.host = host
         self.digest = hello.group_digest(tag)
         self.key = key
+        self.dialers = range(rank + 1, size) if dialers is None else dialers  # who may dial: the mesh's higher ranks
 
     def listen(self, backlog: int) -> tuple[socket.socket, str]:
         listener = socket.create_server((self.host, 0), backlog=backlog)
@@ -304,7 +306,7 @@ class TcpPeering:
 
     def answer(self, sock: socket.socket, due: float) -> tuple[int, socket.socket] | None:
         """Check an accepted connection's hello and proof; ``None`` (closed) for a stranger."""
-        decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, range(self.rank + 1, self.size)))
+        decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, self.dialers))
         try:
             sock.settimeout(max(0.1, due - time.monotonic()))
             greeting = None

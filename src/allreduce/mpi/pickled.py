@@ -1,0 +1,69 @@
+"""mpi4py's lower-case collectives on picklable objects, as compositions of the object collectives.
+
+Reductions follow mpi4py: every rank's object is gathered and the op is applied in rank order
+(``op(op(x0, x1), x2)``), so a non-commutative op sees its operands in order; ``exscan`` gives
+``None`` on rank 0.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .. import objects, uneven
+from .ops import SUM
+
+
+class ObjectCollectives:
+    """The object collectives of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
+
+    def barrier(self) -> None:
+        self.Barrier()
+
+    def bcast(self, obj, root: int = 0):
+        box = [obj]
+        objects.broadcast_object_list(box, root, self.process_group())
+        return box[0]
+
+    def gather(self, sendobj, root: int = 0) -> list | None:
+        """Every rank's object, in rank order, on ``root``; ``None`` elsewhere."""
+        g = self.process_group()
+        out = [None] * g.size if g.rank == root else None
+        objects.gather_object(sendobj, out, root, g)
+        return out
+
+    def scatter(self, sendobj, root: int = 0):
+        """Item r of ``root``'s list ``sendobj`` (ignored elsewhere) on rank r."""
+        g = self.process_group()
+        box = [None]
+        objects.scatter_object_list(box, list(sendobj) if g.rank == root else None, root, g)
+        return box[0]
+
+    def allgather(self, sendobj) -> list:
+        out = [None] * self.process_group().size
+        objects.all_gather_object(out, sendobj, self.process_group())
+        return out
+
+    def alltoall(self, sendobj) -> list:
+        """Item j of every rank's list to rank j, which gets the list of what each rank sent it."""
+        g = self.process_group()
+        items = list(sendobj)
+        if len(items) != g.size:
+            raise ValueError(f"alltoall takes one item per rank ({g.size}), got {len(items)}")
+        out: list = []
+        uneven.all_to_all(g, [objects.dumps(item) for item in items],
+                          lambda got: out.extend(objects.loads(block) for block in got))
+        return out
+
+    def reduce(self, sendobj, op=SUM, root: int = 0):
+        gathered = self.gather(sendobj, root)
+        return None if gathered is None else functools.reduce(op, gathered)
+
+    def allreduce(self, sendobj, op=SUM):
+        return functools.reduce(op, self.allgather(sendobj))
+
+    def scan(self, sendobj, op=SUM):
+        return functools.reduce(op, self.allgather(sendobj)[:self.process_group().rank + 1])
+
+    def exscan(self, sendobj, op=SUM):
+        before = self.allgather(sendobj)[:self.process_group().rank]
+        return functools.reduce(op, before) if before else None

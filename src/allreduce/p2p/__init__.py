@@ -1,0 +1,15 @@
+"""Point-to-point messages (``send``/``recv``/``isend``/``irecv``, and MPI's on top): matched by source
+and tag as MPI matches them, on links and threads of their own, apart from the group's collectives.
+
+- :mod:`.matching`: which receive a message goes to (pure);
+- :mod:`.link`: one connection's frames in and out (non-blocking sockets, no policy);
+- :mod:`.ops`: the records of sends, receives, messages and peers, and :class:`P2PWork`;
+- :mod:`.engine`: the engine of one group: eager and announced (rendezvous) messages, credit,
+  deadlines and failure;
+- :mod:`.progress`: who polls the links, and when: the waiting thread, else a background thread.
+"""
+
+from .engine import EAGER_MAX, TAG_UB, Engine
+from .ops import WINDOW, P2PWork
+
+__all__ = ["EAGER_MAX", "TAG_UB", "WINDOW", "Engine", "P2PWork"]

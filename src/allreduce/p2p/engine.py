@@ -1,0 +1,584 @@
+"""The point-to-point engine of one group: its sends and receives, the frames that carry them, failure.
+
+Each rank listens on a port of its own for point-to-point links and publishes it in the group's store
+(``p2p/<rank>``) when the group forms. A link to a peer is made on first use, by a helper thread: the
+rank that sends dials (:func:`..transport.mesh.dial`, the hello and challenge-response of
+:class:`..transport.tcp.TcpPeering`), so a rank's messages to one peer all travel on the one
+connection it dialed, in order. The receiver answers on the same connection with control frames. A
+pair that sends both ways has two connections; no dial ever races another.
+
+Whatever arrives is read at once (:mod:`.progress` says by which thread): an envelope
+(:func:`..wire.message`) is matched (:mod:`.matching`) with the posted receives; an eager payload goes
+straight into the matched receive's array, or into memory kept until a receive is posted. Posting a
+receive matches it against what has arrived, and a send whose link is idle goes into the kernel before
+``isend`` returns. Nothing waits in the group's queue of collectives, and collectives never wait for it.
+
+**Memory.** A message of at most :data:`EAGER_MAX` bytes goes eagerly (its payload right after its
+envelope) while the sender holds *credit*: each eager message costs its size plus :data:`OVERHEAD`,
+from ``WINDOW`` (1 MiB) per sender and receiver, and the receiver gives credit back (CREDIT frames)
+as receives take the messages. So the messages a rank keeps for receives not yet posted take at most
+``WINDOW`` bytes per sending peer. Larger messages, and all messages while credit is short, are
+*announced* instead (the envelope and the payload's address, a few dozen bytes kept); once a receive
+takes the envelope, the receiver reads the payload straight out of the sender's array if they share a
+host (:mod:`.nearby`) and says TAKEN, or else sends CLEAR and the payload follows on the link (the
+rendezvous protocol). So an eager ``isend`` is done once its bytes are in the kernel, an announced one
+once its receive is posted and its bytes have moved. Messages to oneself are copied at once.
+
+**Time.** Every wait (``Work.wait``, a blocking probe) ends at the group's timeout: the operation
+then fails with :class:`CommTimeout` naming the peer, tag and number. An operation nobody waits for
+has no deadline. **Failure.** A peer that exits closes its links: the operations that needed it fail
+at once with :class:`PeerLost`. Any error breaks the engine as it breaks the group (``on_failure``):
+every pending operation fails, peers get ABORT frames with the reason, later calls raise.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+
+from .. import auth, wire
+from ..dtypes import dtype_of
+from ..errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, with_peer
+from ..transport.tcp import TcpPeering
+from . import nearby
+from .link import Link
+from .matching import Matcher
+from .ops import WINDOW, Message, Op, P2PWork, Peer, Recv, Send
+from .progress import Progress
+
+EAGER_MAX = 1 << 16  # bytes: larger messages are announced, and move once their receive is posted
+OVERHEAD = 256  # bytes each eager message counts against the window beyond its payload (bookkeeping)
+ORPHAN_S = 0.5  # seconds receives from a peer wait, once the link to it closed, for one from it to appear
+TAG_UB = (1 << 31) - 1  # the largest tag
+
+
+class P2PPeering(TcpPeering):
+    """The TCP peering of point-to-point links: any other rank of the group may dial."""
+
+    kind = "p2p"  # the store key prefix of the addresses
+
+    def dial(self, peer: int, address: str, deadline: float) -> socket.socket:
+        try:
+            return super().dial(peer, address, deadline)
+        except PeerLost as exc:  # refused: the group formed long ago, so the peer is gone since
+            raise with_peer(PeerLost(f"rank {self.rank} could not connect to rank {peer} at {address}: "
+                                     f"connection refused, so rank {peer} exited or failed"), peer) from exc
+
+
+class Engine(Progress):
+    """Point-to-point messages among the ranks of one group; see the module docstring.
+
+    Made by :meth:`start` when the group forms; ``on_failure(error)`` is called (outside every lock)
+    when an error breaks it, so that the group breaks too. Ranks are ranks of the group.
+
+    Example (two ranks; what ``allreduce.irecv``/``isend`` do)::
+
+        got = engine.irecv(np.zeros(3), source=None, tag=0)   # from any rank, posted first
+        engine.isend(np.ones(3), dest=1 - rank, tag=0).wait()
+        got.wait(); got.source                                # 1 - rank
+    """
+
+    def __init__(self, rank: int, size: int, store, peering: P2PPeering, listener: socket.socket,
+                 timeout: float, name: str):
+        self.rank, self.size, self.timeout, self.name = rank, size, timeout, name
+        self.on_failure = None
+        self._store = store
+        self._peering = peering
+        self._listener = listener
+        listener.setblocking(False)
+        self._cv = threading.Condition()
+        self._matcher = Matcher()
+        self._peers: dict[int, Peer] = {}
+        self._pending: set[Op] = set()
+        self._resolved: list = []  # (future, error or None) to settle outside the lock
+        self._failure: AllreduceError | None = None
+        self._told: AllreduceError | None = None  # a failure to report to on_failure, outside the lock
+        self._closed = False
+        self.identity = nearby.Identity()  # the first frame on every link this rank dials
+        self._self_sent = 0  # messages sent to this rank itself
+        self._received = 0  # receives posted (their numbers)
+        self._start_progress(name)
+
+    @classmethod
+    def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float) -> "Engine":
+        """Listen on ``host``, publish the address in ``store`` and start the progress thread.
+
+        Raises:
+            OSError: cannot listen. CommTimeout/RendezvousError: the store is unreachable.
+        """
+        peering = P2PPeering(rank, size, host, f"{name}/p2p", auth.job_key(), [r for r in range(size) if r != rank])
+        listener, address = peering.listen(max(size, 16))
+        try:
+            store.set(f"{P2PPeering.kind}/{rank}", address.encode())
+        except BaseException:
+            listener.close()
+            raise
+        return cls(rank, size, store, peering, listener, timeout, name)
+
+    # ---- posting ---------------------------------------------------------------------------------
+
+    def isend(self, data: np.ndarray, dest: int, tag: int) -> P2PWork:
+        """Send the flat array ``data`` to ``dest`` with ``tag``; see the module docstring for when it is done.
+
+        Raises:
+            GroupBroken: after a failure, or once closed.
+        """
+        with self._cv:
+            self._check()
+            if dest == self.rank:
+                self._self_sent += 1
+                op = Send(dest, tag, self._self_sent, data)
+                self._send_to_self(op)
+            else:
+                peer = self._peer(dest)
+                peer.sent += 1
+                op = Send(dest, tag, peer.sent, data)
+                self._pending.add(op)
+                if peer.out_lost is not None:
+                    self._lost(op, peer.out_lost)
+                else:
+                    self._post_send(peer, op)
+            done = self._settle()
+        self._resolve(done)
+        return P2PWork(self, op)
+
+    def irecv(self, array: np.ndarray | None, source: int | None, tag: int | None, exact: bool = True) -> P2PWork:
+        """Receive from ``source`` (``None``: any) with ``tag`` (``None``: any) into the flat ``array``.
+
+        ``exact``: the message must have ``array``'s dtype and size (else :class:`Mismatch`); otherwise it
+        may be any bytes that fit. ``array=None`` takes a message of any size into new memory
+        (:attr:`P2PWork.payload`).
+
+        Raises:
+            GroupBroken: after a failure, or once closed.
+        """
+        with self._cv:
+            self._check()
+            self._received += 1
+            op = Recv(source, tag, self._received, array, exact)
+            self._pending.add(op)
+            message = self._matcher.post(op)
+            if message is not None:
+                self._take(op, message)
+            elif source is not None and source != self.rank:
+                peer = self._peer(source)
+                if peer.in_lost is not None:
+                    self._lost(op, peer.in_lost)
+                elif peer.inn is None and peer.out is None and not peer.dialing:
+                    self._dial(peer)  # a link to watch: if the peer dies, this receive hears of it
+            done = self._settle()
+        self._resolve(done)
+        return P2PWork(self, op)
+
+    def probe(self, source: int | None, tag: int | None, block: bool) -> tuple[int, int, int] | None:
+        """``(source, tag, nbytes)`` of the message a receive from ``source`` with ``tag`` would take now,
+        left in place; ``None`` if there is none and not ``block``, else wait for one (the group's timeout).
+
+        Raises:
+            CommTimeout: none came in time (the group breaks). GroupBroken: after a failure.
+        """
+        found = []
+
+        def seen() -> bool:
+            if self._closed or self._failure is not None:
+                return True
+            message = self._matcher.peek(source, tag)
+            if message is not None:
+                found.append((message.source, message.tag, message.nbytes))
+            return bool(found)
+
+        with self._cv:
+            self._check()
+            if seen() or not block:
+                return found[0] if found else None
+        if self.drive(seen, time.monotonic() + self.timeout) and found:
+            return found[0]
+        with self._cv:
+            self._check()
+            where = "any rank" if source is None else f"rank {source}"
+            error = CommTimeout(f"rank {self.rank}/{self.size}: probe from {where} "
+                                f"({'any tag' if tag is None else f'tag {tag}'}) timed out after "
+                                f"{self.timeout:g}s: no matching message arrived")
+            self._fail(error)
+            settled = self._settle()
+        self._resolve(settled)
+        raise error
+
+    def expire(self, op: Op) -> None:
+        """``op`` reached the group's timeout: fail it with :class:`CommTimeout` (and break the engine)."""
+        with self._cv:
+            if not op.finished:
+                self._fail(with_peer(CommTimeout(f"rank {self.rank}/{self.size}: {op.what} timed out after "
+                                                 f"{self.timeout:g}s {self._waiting_for(op)}"), self._peer_of(op)), op)
+            done = self._settle()
+        self._resolve(done)
+
+    # ---- sending ---------------------------------------------------------------------------------
+
+    def _post_send(self, peer: Peer, op: Send) -> None:
+        op.state = "sending" if peer.out is not None else "connecting"
+        charge = op.nbytes + OVERHEAD
+        if op.nbytes <= EAGER_MAX and peer.credit >= charge:
+            peer.credit -= charge
+            frame = wire.message(op.tag, op.number, op.dtype, op.count, op.nbytes)
+            self._queue(peer, frame, op.payload, lambda: self._finish(op))
+        else:
+            frame = wire.message(op.tag, op.number, op.dtype, op.count, op.nbytes, where=op.address)
+            peer.announced[op.number % wire.SEQ_MODULUS] = op
+            self._queue(peer, frame, None, lambda: setattr(op, "state", "announced"))
+
+    def _queue(self, peer: Peer, header: bytes, payload, done) -> None:
+        if peer.out is None:
+            peer.backlog.append((header, payload, done))
+            if not peer.dialing:
+                self._dial(peer)
+            return
+        link = peer.out
+        idle = not link.out
+        link.push(header, payload, done)
+        if idle:
+            self._flush(link)
+
+    def _send_to_self(self, op: Send) -> None:
+        message = Message(self.rank, op.tag, op.number, op.dtype, op.count, op.nbytes, eager=True)
+        receive = self._matcher.arrive(message, keep=False)
+        if receive is not None:
+            message.data = op.payload
+            self._take(receive, message)
+        else:
+            message.data = bytearray(op.payload)
+            self._matcher.keep(message)
+        self._finish(op)
+
+    def _flush(self, link: Link) -> None:
+        if link.closed or link.sock is None:
+            return
+        done: list = []
+        try:
+            link.flush(done)
+        except PeerLost as exc:
+            self._link_lost(link, exc)
+        for then in done:
+            then()
+        if link.out and not self._polling():
+            self._wake()
+
+    # ---- receiving -------------------------------------------------------------------------------
+
+    def _on_header(self, link: Link, header: wire.Header) -> None:
+        """A frame from ``link``'s peer (a poller, under the lock)."""
+        peer = self._peers[link.peer]
+        kind = header.kind
+        if kind == wire.MESSAGE and not link.dialed:
+            eager = header.step == wire.EAGER
+            nbytes = header.nbytes if eager else header.count * dtype_of(header.dtype).itemsize
+            message = Message(link.peer, header.root, header.seq, header.dtype, header.count, nbytes, eager)
+            if not eager:  # the address of its payload follows; it is matched once that is in, in order
+                where = bytearray(wire.WHERE.size)
+                link.expect(memoryview(where), lambda: self._announced(message, where))
+                return
+            receive = self._matcher.arrive(message, keep=False)
+            if receive is not None:
+                if self._fits(receive, message):
+                    view = self._destination(receive, message)
+                    receive.got = message
+                    self._expect(link, view, lambda: self._taken_eager(receive, message))
+            else:
+                message.data = bytearray(nbytes)
+                self._expect(link, memoryview(message.data), lambda: self._kept(message))
+        elif kind == wire.PAYLOAD and not link.dialed:
+            receive, view = peer.cleared.pop(header.seq, (None, None))
+            if receive is None or header.nbytes != view.nbytes:
+                raise with_peer(ProtocolError(f"rank {link.peer} sent {header.nbytes} bytes for message "
+                                              f"#{header.seq}, which this rank did not clear"), link.peer)
+            self._expect(link, view, lambda: self._finish(receive))
+        elif kind == wire.CLEAR and link.dialed:
+            op = peer.announced.pop(header.seq, None)
+            if op is None:
+                raise with_peer(ProtocolError(f"rank {link.peer} cleared message #{header.seq}, which this rank "
+                                              "did not announce"), link.peer)
+            op.state = "sending"
+            link.push(wire.control(wire.PAYLOAD, op.number, op.nbytes), op.payload, lambda: self._finish(op))
+        elif kind == wire.TAKEN and link.dialed:
+            op = peer.announced.pop(header.seq, None)
+            if op is None:
+                raise with_peer(ProtocolError(f"rank {link.peer} took message #{header.seq}, which this rank "
+                                              "did not announce"), link.peer)
+            self._finish(op)
+        elif kind == wire.CREDIT and link.dialed:
+            peer.credit += header.count
+        elif kind == wire.IDENT and not link.dialed:
+            identity = bytearray(wire.IDENTITY.size)
+            link.expect(memoryview(identity), lambda: setattr(peer, "reader", nearby.reader_for(link.sock, identity)))
+        else:
+            raise with_peer(ProtocolError(f"rank {link.peer} sent a frame of kind {kind} on a "
+                                          f"{'dialed' if link.dialed else 'accepted'} point-to-point link"), link.peer)
+
+    def _expect(self, link: Link, view: memoryview, then) -> None:
+        if view.nbytes:
+            link.expect(view, then)
+        else:
+            then()
+
+    def _announced(self, message: Message, where: bytearray) -> None:
+        message.address = wire.WHERE.unpack(where)[0]
+        receive = self._matcher.arrive(message)
+        if receive is not None:
+            self._take(receive, message)
+
+    def _kept(self, message: Message) -> None:
+        """An eager message no receive had taken is all in: a receive posted meanwhile takes it, or it waits."""
+        receive = self._matcher.arrive(message)
+        if receive is not None:
+            self._take(receive, message)
+
+    def _take(self, receive: Recv, message: Message) -> None:
+        """``receive`` takes ``message`` (under the lock): its payload now, or once cleared."""
+        if not self._fits(receive, message):
+            return
+        receive.got = message
+        if message.eager:
+            if receive.array is None and isinstance(message.data, bytearray):
+                receive.data = message.data  # made for it on arrival: no copy
+            elif message.nbytes:
+                self._destination(receive, message)[:] = message.data
+            else:
+                self._destination(receive, message)
+            self._taken_eager(receive, message)
+            return
+        peer = self._peers[message.source]
+        if peer.in_lost is not None:
+            self._lost(receive, peer.in_lost)
+            return
+        view = self._destination(receive, message)
+        if peer.reader is not None:  # on this host: copy it out of the sender's memory (see .nearby)
+            try:
+                if message.nbytes:
+                    peer.reader.read(nearby.address_of(view), message.address, message.nbytes)
+            except OSError:  # refused after all: it comes over the link
+                peer.reader = None
+            else:
+                self._control(peer, wire.control(wire.TAKEN, message.number))
+                self._finish(receive)
+                return
+        peer.cleared[message.number] = (receive, view)
+        self._control(peer, wire.control(wire.CLEAR, message.number))
+
+    def _taken_eager(self, receive: Recv, message: Message) -> None:
+        self._finish(receive)
+        if message.source != self.rank:
+            peer = self._peers[message.source]
+            peer.owed += message.nbytes + OVERHEAD
+            if peer.owed >= WINDOW // 4:
+                self._control(peer, wire.control(wire.CREDIT, nbytes=peer.owed))
+                peer.owed = 0
+
+    def _control(self, peer: Peer, frame: bytes) -> None:
+        """A frame back to the sender, on the link its messages come on."""
+        link = peer.inn
+        if link is None or link.closed:
+            return
+        idle = not link.out
+        link.push(frame)
+        if idle:
+            self._flush(link)
+
+    def _fits(self, receive: Recv, message: Message) -> bool:
+        """Whether ``message`` may land in ``receive``; if not, fail it with :class:`Mismatch`."""
+        array = receive.array
+        if array is None or (message.nbytes <= array.nbytes if not receive.exact
+                             else receive.dtype == message.dtype and receive.count == message.count):
+            return True
+        if receive.exact:
+            have = f"expects {receive.count} x {dtype_of(receive.dtype)}"
+            sent = f"{message.count} x {dtype_of(message.dtype)}"
+        else:
+            have, sent = f"has room for {array.nbytes} bytes", f"{message.nbytes} bytes (message truncated)"
+        self._fail(with_peer(Mismatch(f"rank {self.rank}/{self.size}: {receive.what} {have} but rank "
+                                      f"{message.source} sent {sent} in its send #{message.number} "
+                                      f"(tag {message.tag})"), message.source), receive)
+        return False
+
+    def _destination(self, receive: Recv, message: Message) -> memoryview:
+        if receive.array is None:
+            receive.data = bytearray(message.nbytes)
+            return memoryview(receive.data)
+        return memoryview(receive.array.view(np.uint8).reshape(-1))[:message.nbytes]
+
+    # ---- settling --------------------------------------------------------------------------------
+
+    def _finish(self, op: Op, error: BaseException | None = None) -> None:
+        if op.finished:
+            return
+        op.finished = True
+        if isinstance(op, Send):
+            op.state = "done"
+        self._pending.discard(op)
+        self._resolved.append((op.future, error))
+
+    def _settle(self) -> list:
+        """The futures to settle, taken under the lock; the failure to report, if any."""
+        done, self._resolved = self._resolved, []
+        told, self._told = self._told, None
+        if told is not None:
+            done.append((None, told))
+        return done
+
+    def _resolve(self, done: list) -> None:
+        """Settle futures (their callbacks run here) and report a failure, outside the lock."""
+        for future, error in done:
+            if future is None:
+                if self.on_failure is not None:
+                    self.on_failure(error)
+            elif error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    # ---- links -----------------------------------------------------------------------------------
+
+    def _peer(self, rank: int) -> Peer:
+        peer = self._peers.get(rank)
+        if peer is None:
+            peer = self._peers[rank] = Peer(rank)
+        return peer
+
+    def _connected(self, rank: int) -> None:
+        """The link to ``rank`` is up: its sends that waited for it are on their way."""
+        for op in self._pending:
+            if isinstance(op, Send) and op.dest == rank and op.state == "connecting":
+                op.state = "sending"
+
+    def _link_lost(self, link: Link | None, error: AllreduceError, peer: Peer | None = None) -> None:
+        """``link`` (or, if ``None``, the one ``peer`` could not dial) is gone: fail what needed it."""
+        peer = peer or self._peers[link.peer]
+        also = None
+        if link is not None:
+            link.shutdown(socket.SHUT_RDWR)
+            link.dead = True
+            self._wake()
+            other = peer.inn if link is peer.out else peer.out
+            if " aborted: " not in str(error) and other is not None and not (other.dead or other.closed):
+                try:  # a peer that gave up sent its reason on every link: it may already be in on the other
+                    other.pump(self._on_header)
+                except PeerLost as exc:
+                    also = exc
+                    if " aborted: " in str(exc):
+                        error = with_peer(PeerLost(str(exc)), peer.rank)
+                except AllreduceError:
+                    pass
+        known = peer.out_lost or peer.in_lost
+        if known is not None and " aborted: " in str(known) and " aborted: " not in str(error):
+            error = known  # the reason it gave, read on its other link before this one closed
+        outgoing = link is None or link.dialed
+        if outgoing:
+            peer.out_lost = peer.out_lost or error
+            peer.backlog = []
+            if peer.inn is None:  # nothing from it can arrive, unless its own link is being answered
+                peer.orphan_at = time.monotonic() + ORPHAN_S
+                self._wake()
+        else:
+            peer.in_lost = peer.in_lost or error
+        for op in sorted(self._pending, key=lambda o: o.number):
+            if self._needs(op, peer, outgoing):
+                self._lost(op, error)
+                break
+        if also is not None:
+            self._link_lost(peer.inn if link is peer.out else peer.out, also)
+
+    def _needs(self, op: Op, peer: Peer, outgoing: bool) -> bool:
+        """Whether ``op`` cannot finish without the link to (``outgoing``) or from ``peer``."""
+        if isinstance(op, Send):
+            return outgoing and op.dest == peer.rank
+        if outgoing:
+            return False
+        return op.source == peer.rank or any(r is op for r, _ in peer.cleared.values())
+
+    def _lost(self, op: Op, error: AllreduceError) -> None:
+        """``op`` cannot finish: its peer is gone. A peer that aborted on a mismatch makes it a
+        :class:`Mismatch` here too (it was this rank's call that did not match), as the group does."""
+        text = f"rank {self.rank}/{self.size}: {op.what}: {error}"
+        kind = Mismatch if " aborted: Mismatch: " in text else PeerLost
+        self._fail(with_peer(kind(text), self._peer_of(op)), op)
+
+    def _orphans(self) -> float | None:
+        """Fail receives from peers whose link closed and none came from them; seconds to the next check."""
+        now, soonest = time.monotonic(), None
+        for peer in self._peers.values():
+            if peer.orphan_at is None:
+                continue
+            if peer.inn is not None:
+                peer.orphan_at = None
+            elif now >= peer.orphan_at:
+                peer.orphan_at = None
+                peer.in_lost = peer.in_lost or peer.out_lost
+                for op in sorted(self._pending, key=lambda o: o.number):
+                    if self._needs(op, peer, outgoing=False):
+                        self._lost(op, peer.in_lost)
+                        break
+            else:
+                soonest = min(soonest or peer.orphan_at, peer.orphan_at)
+        return None if soonest is None else max(0.0, soonest - now)
+
+    # ---- failure ---------------------------------------------------------------------------------
+
+    def _fail(self, error: AllreduceError, culprit: Op | None = None) -> None:
+        """Break the engine (under the lock): ``culprit`` fails with ``error``, every other pending
+        operation with :class:`GroupBroken` naming it; peers get ABORT frames; ``on_failure`` is told."""
+        if self._failure is not None:
+            if culprit is not None:
+                self._finish(culprit, error)
+            return
+        self._failure = self._told = error
+        self._abort_all(f"{type(error).__name__}: {error}", error, culprit)
+
+    def _abort_all(self, reason: str, error: AllreduceError, culprit: Op | None) -> None:
+        for op in sorted(self._pending, key=lambda o: o.number):
+            if op is culprit:
+                self._finish(op, error)
+            else:
+                self._finish(op, GroupBroken(f"rank {self.rank}/{self.size}: {op.what} cannot finish: point-to-point "
+                                             f"on process group '{self.name}' failed: {error}"))
+        frame = wire.abort_frame(reason)
+        for peer in self._peers.values():
+            peer.backlog = []
+            for link in (peer.out, peer.inn):
+                if link is not None:
+                    link.abort(frame)
+                    link.dead = True
+        self._cv.notify_all()
+        self._wake()
+
+    def abort(self, reason: str) -> None:
+        """The group failed (``reason``): fail every pending operation and tell the peers. Idempotent."""
+        with self._cv:
+            if self._failure is None:
+                self._failure = GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' failed: "
+                                            f"{reason}")
+                self._abort_all(reason, self._failure, None)
+            done = self._settle()
+        self._resolve(done)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' was destroyed")
+        if self._failure is not None:
+            raise GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' is unusable after an "
+                              f"earlier failure; destroy it and form a new one. The failure was: {self._failure}")
+
+    def _peer_of(self, op: Op) -> int | None:
+        if isinstance(op, Send):
+            return op.dest
+        return op.got.source if op.got is not None else op.source
+
+    def _waiting_for(self, op: Op) -> str:
+        if isinstance(op, Send):
+            return {"connecting": f"waiting to connect to rank {op.dest}",
+                    "announced": f"waiting for rank {op.dest} to post a matching receive"}.get(
+                        op.state, f"waiting to send to rank {op.dest}")
+        if op.got is not None:
+            return f"receiving its payload from rank {op.got.source}"
+        return f"waiting for a matching send from {'any rank' if op.source is None else f'rank {op.source}'}"

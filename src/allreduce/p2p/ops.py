@@ -1,0 +1,151 @@
+"""The records of point-to-point: a send, a receive, a message that arrived, a peer, and the Work handle.
+
+The engine (:mod:`.engine`) changes them under its lock; :class:`P2PWork` only reads them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+
+from ..dtypes import code_of
+from ..errors import AllreduceError
+from ..work import Work
+from .link import Link
+from .matching import Envelope, Receive
+
+WINDOW = 1 << 20  # bytes of eager messages a sender may have unreceived at one receiver
+
+
+class Op:
+    """One send or receive in flight; ``what`` names it in errors, e.g. ``send #3 to rank 1 (tag 0)``."""
+
+    future: Future
+    what: str
+    number: int
+    finished: bool  # set under the engine's lock; the future settles just after, outside it
+
+
+class Send(Op):
+    """``isend`` of ``data`` (a flat array, read in place until done)."""
+
+    def __init__(self, dest: int, tag: int, number: int, data: np.ndarray):
+        self.dest, self.tag, self.number = dest, tag, number
+        self.payload = memoryview(data.view(np.uint8).reshape(-1)) if data.size else memoryview(b"")
+        self.address = data.__array_interface__["data"][0] if data.size else 0  # where a reader on this host finds it
+        self.dtype, self.count, self.nbytes = code_of(data.dtype), data.size, data.nbytes
+        self.future, self.finished = Future(), False
+        self.state = "connecting"  # connecting, sending, announced (waiting for CLEAR), done
+        self.what = f"send #{number} to rank {dest} (tag {tag})"
+
+
+class Recv(Op, Receive):
+    """``irecv`` into ``array`` (flat), or into new memory when ``array`` is ``None``."""
+
+    def __init__(self, source: int | None, tag: int | None, number: int, array: np.ndarray | None, exact: bool):
+        Receive.__init__(self, source, tag)
+        self.number, self.exact = number, exact  # exact: same dtype and count; else any bytes that fit
+        self.array = array
+        self.dtype, self.count = (code_of(array.dtype), array.size) if array is not None else (0, 0)
+        self.data = None  # the received bytes, for a receive without an array
+        self.got: Message | None = None  # the message it took
+        self.future, self.finished = Future(), False
+        self.what = (f"recv #{number} from {'any rank' if source is None else f'rank {source}'} "
+                     f"({'any tag' if tag is None else f'tag {tag}'})")
+
+
+class Message(Envelope):
+    """A message that arrived: its envelope, and its payload once in, if it came eagerly."""
+
+    __slots__ = ("number", "dtype", "count", "nbytes", "eager", "data", "address")
+
+    def __init__(self, source: int, tag: int, number: int, dtype: int, count: int, nbytes: int, eager: bool):
+        super().__init__(source, tag)
+        self.number, self.dtype, self.count, self.nbytes, self.eager = number, dtype, count, nbytes, eager
+        self.data = None  # the payload (bytes-like) of an eager message, once in
+        self.address = 0  # where an announced message's payload lies in the sender
+
+
+class Peer:
+    """What this rank knows of one other rank: its links, and the messages in flight between them."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.out: Link | None = None  # the link this rank dialed: its messages to the peer
+        self.inn: Link | None = None  # the link the peer dialed: its messages to this rank
+        self.dialing = False
+        self.backlog: list = []  # frames to send once ``out`` is connected
+        self.sent = 0  # messages sent to the peer (their numbers)
+        self.credit = WINDOW  # eager bytes this rank may still send it
+        self.owed = 0  # eager bytes taken from it and not yet credited back
+        self.announced: dict[int, Send] = {}  # number -> send waiting for CLEAR
+        self.cleared: dict[int, tuple[Recv, memoryview]] = {}  # number -> receive waiting for the payload
+        self.out_lost: AllreduceError | None = None  # why ``out`` is gone (or could not be made)
+        self.in_lost: AllreduceError | None = None  # why nothing more can come from the peer
+        self.orphan_at: float | None = None  # when receives from it fail, if no link from it appears
+        self.reader = None  # a cma.Reader of its memory, once its IDENT proved it readable (see .nearby)
+
+
+class P2PWork(Work):
+    """A send or receive in flight (``isend``/``irecv``): wait for it, poll it, or chain on its future.
+
+    ``wait()`` moves the messages itself while it waits (no hand-off to another thread) and ends at the
+    group's timeout at the latest, with :class:`~allreduce.errors.CommTimeout`. Once a receive is done,
+    ``source`` is the rank its message came from (in the group: the answer to a receive from any
+    source, like torch's ``recv`` return value), ``tag`` its tag and ``nbytes`` its size; a receive made
+    without an array holds the bytes in ``payload``. A send's ``source`` is ``None``.
+
+    Example (two ranks, on rank 0)::
+
+        work = dist.irecv(x)            # from any rank
+        work.wait(); work.source        # 1
+    """
+
+    def __init__(self, engine, op: Op):
+        super().__init__(op.future, f"rank {engine.rank}/{engine.size}: {op.what}", engine.progress_ident)
+        self._engine = engine
+        self._op = op
+
+    @property
+    def source(self) -> int | None:
+        got = getattr(self._op, "got", None)
+        return got.source if got is not None else None
+
+    @property
+    def tag(self) -> int | None:
+        got = getattr(self._op, "got", None)
+        return got.tag if got is not None else getattr(self._op, "tag", None)
+
+    @property
+    def nbytes(self) -> int | None:
+        got = getattr(self._op, "got", None)
+        return got.nbytes if got is not None else getattr(self._op, "nbytes", None)
+
+    @property
+    def payload(self):
+        """The bytes a receive made without an array took (``None`` otherwise, or before it is done)."""
+        return getattr(self._op, "data", None)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; re-raise its error. Returns ``True`` like torch.
+
+        Raises ``TimeoutError`` if ``timeout`` (shorter than the group's) passes first; the operation
+        goes on. At the group's timeout it fails with :class:`~allreduce.errors.CommTimeout`, naming
+        the peer, and the group breaks. ``RuntimeError`` from a callback on the progress thread.
+        """
+        op, engine = self._op, self._engine
+        if not op.finished:
+            if threading.get_ident() == self._completer:
+                return super().wait()  # raises: the progress thread would wait for itself
+            limit = engine.timeout if timeout is None else min(timeout, engine.timeout)
+            if not engine.drive(lambda: op.finished, time.monotonic() + limit):
+                if timeout is not None and timeout < engine.timeout:
+                    raise TimeoutError(f"{self._what} did not complete within {timeout}s")
+                engine.expire(op)
+        error = self._future.exception()  # finished: settled now, or in a moment by the thread that finished it
+        if error is not None:
+            raise error
+        return True

@@ -1,0 +1,314 @@
+"""Who moves the bytes of point-to-point, and when: the threads and polls of the engine.
+
+A thread that waits (``P2PWork.wait``, a blocking probe) *drives*: it polls the links itself and
+handles what arrives until its operation is done, so a message that arrives wakes the very thread
+that waits for it, with no hand-off. While the cores are not busy it looks again for :data:`SPIN_S`,
+then yielding the core until :data:`YIELD_S`, before it sleeps, as the shared-memory transport does.
+While nobody waits, a background thread polls instead, so that messages keep moving while the program
+computes (announced payloads cleared, eager ones taken off the sockets, credit returned). It steps
+aside while any thread drives and comes back :data:`GRACE_S` after the last one stopped (noticed
+within :data:`STANDBY_S`: waking it would cost a thread switch per message), or at once when a send
+needs the socket to drain.
+
+Both poll the links' sockets, the listener and a wake-up pipe; everything they read or write happens
+under the engine's lock (:class:`Progress` is a part of :class:`.engine.Engine`). Links are made by
+helper threads, one per dial or accepted connection, since a handshake blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+
+from ..errors import AllreduceError, GroupBroken, PeerLost, with_peer
+from ..transport import mesh
+from .link import Link
+
+GRACE_S = 0.002  # seconds after the last waiting thread stops before the background thread polls again
+STANDBY_S = 0.01  # seconds between the background thread's looks while threads drive (nobody wakes it)
+CLOSE_S = 1.0  # seconds a closing engine waits for its peers to see its links close
+SPIN_S = 50e-6  # seconds a waiting thread looks again at once before it sleeps in poll, while cores are idle
+YIELD_S = 300e-6  # then until when it looks again, yielding the core in between (a MiB takes ~0.2 ms to copy)
+POLL_CAP_S = 1.0  # the longest a poll sleeps before looking again
+
+
+class Progress:
+    """The polling half of the engine; see the module docstring. Needs the engine's ``_cv``, ``_peers``
+    and frame handling (``_on_header``, ``_flush``, ``_link_lost``, ``_orphans``, ``_settle``...)."""
+
+    def _start_progress(self, name: str) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._woken = False  # a byte is in the pipe: pollers look again
+        self._drivers = 0  # threads driving now
+        self._pollers: set[int] = set()  # the threads polling now (drivers, the background thread)
+        self._idle_after = 0.0  # the background thread polls again from then (unless woken)
+        self._cores = len(os.sched_getaffinity(0))
+        self._idle_cores, self._load_checked = False, -1.0  # whether waiting threads may spin (see _spinning)
+        self._thread = threading.Thread(target=self._loop, name=f"allreduce-{name}-p2p", daemon=True)
+        self._thread.start()
+        self.progress_ident = self._thread.ident
+        self._pollers.add(self._thread.ident)
+
+    def _wake(self) -> None:
+        """Make every poller look again (links came or went, a queue needs the socket); under the lock."""
+        if not self._woken and not self._closed:  # once closed, the pipe may be gone
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"!")
+            except OSError:  # full (the pollers are awake anyway), or closed at shutdown
+                pass
+        self._cv.notify_all()
+
+    def _spinning(self) -> bool:
+        """Whether a waiting thread may spin: only while the load average is below the core count (else it
+        would only delay the peer it waits for); looked at once a second."""
+        now = time.monotonic()
+        if now - self._load_checked >= 1.0:
+            self._load_checked = now
+            self._idle_cores = os.getloadavg()[0] < self._cores
+        return self._idle_cores
+
+    def _polling(self) -> bool:
+        """Whether this thread polls, so it will see what it queues without being woken."""
+        return threading.get_ident() in self._pollers
+
+    # ---- who polls -------------------------------------------------------------------------------
+
+    def drive(self, done, deadline: float) -> bool:
+        """Progress the links from this thread until ``done()`` (checked under the lock) or ``deadline``
+        (a ``time.monotonic()`` value); return ``done()``."""
+        me = threading.get_ident()
+        with self._cv:
+            if done():
+                return True
+            self._drivers += 1
+            self._pollers.add(me)
+        try:
+            while True:
+                with self._cv:
+                    if done():
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        return done()
+                    watched = self._watched()
+                    orphans = self._orphans()
+                    wait = min(left, POLL_CAP_S, POLL_CAP_S if orphans is None else orphans)
+                poller = select.poll()
+                for fd, (_, mask) in watched.items():
+                    poller.register(fd, mask)
+                events = poller.poll(0)
+                if not events and self._spinning():  # a reply often comes within microseconds: look again
+                    start = time.perf_counter()
+                    while not events and (spun := time.perf_counter() - start) < YIELD_S:
+                        if spun > SPIN_S:
+                            os.sched_yield()
+                        events = poller.poll(0)
+                if not events:
+                    events = poller.poll(wait * 1000.0)
+                with self._cv:
+                    self._handle(events, watched)
+                    settled = self._settle()
+                self._resolve(settled)
+        finally:
+            with self._cv:
+                self._drivers -= 1
+                self._pollers.discard(me)
+                self._idle_after = time.monotonic() + GRACE_S
+                if self._closed:
+                    self._cv.notify_all()  # close() waits for the drivers to leave
+                elif not self._drivers and any(link.out for link in self._links()):
+                    self._wake()  # bytes still to send: the background thread takes over at once
+
+    def _loop(self) -> None:
+        """The background thread: poll while no thread drives."""
+        poller = select.poll()
+        registered: dict[int, int] = {}
+        wait = None
+        while True:
+            with self._cv:
+                while not self._closed and (self._drivers or (not self._woken and time.monotonic() < self._idle_after)):
+                    self._cv.wait(STANDBY_S if self._drivers else max(0.0, self._idle_after - time.monotonic()))
+                if self._closed:
+                    return
+                self._close_dead()
+                watched = self._watched()
+                for fd in [fd for fd in registered if fd not in watched]:
+                    poller.unregister(fd)
+                    del registered[fd]
+                for fd, (_, mask) in watched.items():
+                    if registered.get(fd) != mask:
+                        poller.register(fd, mask)  # registering again modifies
+                        registered[fd] = mask
+            events = poller.poll(None if wait is None else wait * 1000.0)
+            with self._cv:
+                self._handle(events, watched)
+                wait = self._orphans()
+                settled = self._settle()
+            self._resolve(settled)
+
+    def _watched(self) -> dict[int, tuple[Link | None, int]]:
+        """What to poll now: fd -> (link or ``None``, events)."""
+        watched: dict[int, tuple[Link | None, int]] = {self._wake_r: (None, select.POLLIN),
+                                                       self._listener.fileno(): (None, select.POLLIN)}
+        for link in self._links():
+            if not link.dead:
+                watched[link.fd] = (link, select.POLLIN | (select.POLLOUT if link.out else 0))
+        return watched
+
+    def _links(self):
+        for peer in self._peers.values():
+            for link in (peer.out, peer.inn):
+                if link is not None and not link.closed:
+                    yield link
+
+    def _close_dead(self) -> None:
+        """Close the links given up on (background thread only: no other poller holds their fds then)."""
+        if not self._drivers:
+            for link in list(self._links()):
+                if link.dead:
+                    link.close()
+
+    def _handle(self, events, watched) -> None:
+        for fd, event in events:
+            link = watched.get(fd, (None, 0))[0]
+            if fd == self._wake_r:
+                self._woken = False
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except OSError:  # empty (BlockingIOError), or closed at shutdown
+                    pass
+            elif link is None:
+                self._accept()
+            elif not (link.dead or link.closed):
+                self._serve(link, event)
+
+    def _serve(self, link: Link, event: int) -> None:
+        try:
+            if event & select.POLLOUT:
+                self._flush(link)
+            if event & (select.POLLIN | select.POLLERR | select.POLLHUP) and not link.dead:
+                link.pump(self._on_header)
+                if link.out and not link.dead:
+                    self._flush(link)
+        except PeerLost as exc:
+            self._link_lost(link, exc)
+        except AllreduceError as exc:  # a mismatch, or a frame that is not ours: the engine cannot go on
+            self._fail(with_peer(type(exc)(f"rank {self.rank}/{self.size}: {exc}"), link.peer))
+
+    # ---- links coming --------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:  # none left (BlockingIOError), or closed
+                return
+            threading.Thread(target=self._answer, args=(sock,), name=f"allreduce-{self.name}-p2p-answer",
+                             daemon=True).start()
+
+    def _answer(self, sock: socket.socket) -> None:
+        """Check an accepted connection (a helper thread), then hand its link to the engine."""
+        got = self._peering.answer(sock, time.monotonic() + mesh.STRANGER_S)
+        if got is None:
+            return
+        sender, sock = got
+        with self._cv:
+            peer = self._peer(sender)
+            if self._closed or self._failure is not None or (peer.inn is not None and not peer.inn.dead):
+                sock.close()
+                return
+            peer.inn = Link(sender, sock, dialed=False)
+            peer.orphan_at = None
+            self._wake()
+
+    def _dial(self, peer) -> None:
+        peer.dialing = True
+        threading.Thread(target=self._connect, args=(peer.rank,), name=f"allreduce-{self.name}-p2p-dial",
+                         daemon=True).start()
+
+    def _connect(self, rank: int) -> None:
+        """Dial ``rank`` (a helper thread), then hand the link and what waited for it to the engine."""
+        sock, error = None, None
+        try:
+            sock = mesh.dial(self._peering, self._store, rank, time.monotonic() + self.timeout)
+        except (AllreduceError, OSError) as exc:
+            error = with_peer(PeerLost(f"no point-to-point link to rank {rank}: {exc}"), rank)
+        with self._cv:
+            peer = self._peer(rank)
+            peer.dialing = False
+            if error is not None:
+                self._link_lost(None, error, peer)
+            elif self._closed or self._failure is not None:
+                sock.close()
+            else:
+                link = peer.out = Link(rank, sock, dialed=True)
+                link.push(self.identity.frame)
+                for header, payload, done in peer.backlog:
+                    link.push(header, payload, done)
+                peer.backlog = []
+                self._connected(rank)
+                self._flush(link)
+                self._wake()
+            settled = self._settle()
+        self._resolve(settled)
+
+    # ---- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Fail what is still pending, close every link and stop; once. Peers see the links close after
+        everything sent before (this rank waits up to :data:`CLOSE_S` for them to notice)."""
+        with self._cv:
+            if self._closed:
+                return
+            for op in sorted(self._pending, key=lambda o: o.number):
+                self._finish(op, GroupBroken(f"rank {self.rank}/{self.size}: {op.what} cannot finish: process "
+                                             f"group '{self.name}' was destroyed"))
+            self._wake()  # then no more: the pipe closes below
+            self._closed = True
+            settled = self._settle()
+        self._resolve(settled)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        with self._cv:
+            # closing from a callback that this thread runs while it drives: do not wait for itself
+            me = int(self._polling() and threading.get_ident() != self.progress_ident)
+            while self._drivers > me:  # the others return at once: their operations just failed
+                self._cv.wait(0.1)
+        links = list(self._links())
+        for link in links:
+            if not link.dead:
+                link.shutdown(socket.SHUT_WR)  # after what is in the kernel: the peer reads it all, then EOF
+        _drain([link for link in links if not link.dead], time.monotonic() + CLOSE_S)
+        for link in links:
+            link.close()
+        self._listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _drain(links: list[Link], deadline: float) -> None:
+    """Read and drop what peers still send until each closes its end: closing with unread bytes would
+    reset the connection, and a reset may destroy data the peer has not read yet."""
+    open_ = {link.fd: link for link in links}
+    poller = select.poll()
+    for fd in open_:
+        poller.register(fd, select.POLLIN)
+    scratch = bytearray(1 << 16)
+    while open_ and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(left * 1000.0):
+            try:
+                n = open_[fd].sock.recv_into(scratch)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                n = 0
+            if not n:
+                poller.unregister(fd)
+                del open_[fd]

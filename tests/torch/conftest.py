@@ -1,0 +1,10 @@
+"""Build the torch backend's C++ shim once, before any test forks ranks (they inherit it loaded)."""
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # the optional extra is absent: the torch tests skip themselves
+    pass
+else:
+    from allreduce.torch import native
+
+    native.python_backend()
