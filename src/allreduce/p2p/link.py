@@ -18,6 +18,7 @@ from itertools import islice
 
 from .. import wire
 from ..errors import PeerLost, ProtocolError, with_peer
+from ..transport.tcp import read_abort_reason
 
 CHUNK = 1 << 16  # bytes read at once into a link's buffer
 DIRECT = 1 << 16  # a payload still missing at least this much is read straight into its destination
@@ -175,16 +176,7 @@ class Link:
         """The ABORT frame's reason: what is buffered, and what follows within a second."""
         data = bytes(self._view[self._start:self._start + min(nbytes, self._end - self._start)])
         self._start += len(data)
-        try:
-            self.sock.settimeout(1.0)
-            while len(data) < nbytes:
-                chunk = self.sock.recv(nbytes - len(data))
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-        return data.decode("utf-8", "replace") or "no reason given"
+        return read_abort_reason(self.sock, data, nbytes)
 
     # ---- end -------------------------------------------------------------------------------------
 

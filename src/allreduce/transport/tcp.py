@@ -123,24 +123,13 @@ class _Link:
             raise with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
         if header.kind == wire.ABORT:  # the small-frame read may have taken the start of the reason already
             early = bytes(spec.dest[:min(self.got, header.nbytes)])
-            reason = self._read_abort_reason(early, header.nbytes)
+            reason = read_abort_reason(self.sock, early, header.nbytes)
             raise with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
         try:
             wire.check(spec.header, header)
         except AllreduceError as exc:
             raise with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
 
-    def _read_abort_reason(self, data: bytes, nbytes: int) -> str:
-        self.sock.settimeout(1.0)
-        try:
-            while len(data) < nbytes:
-                chunk = self.sock.recv(nbytes - len(data))
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-        return data.decode("utf-8", "replace") or "no reason given"
 
 
 class TcpTransport(Transport):
@@ -337,3 +326,17 @@ def _tune(sock: socket.socket) -> None:
     for name, value in _KEEPALIVE.items():
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def read_abort_reason(sock, data: bytes, nbytes: int) -> str:
+    """An ABORT frame's reason of ``nbytes``: ``data`` already read, and what follows within a second."""
+    sock.settimeout(1.0)
+    try:
+        while len(data) < nbytes:
+            chunk = sock.recv(nbytes - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return data.decode("utf-8", "replace") or "no reason given"
