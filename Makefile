@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean torch-conformance
+.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,5 +40,41 @@ torch-conformance: $(STAMP)
 	    tests/torch/distributed_test_driver.py || status=1; \
 	done; done; exit $$status
 
+# Elastic torchrun with a worker SIGKILLed mid-training: the restart from a checkpoint (backend
+# "allreduce") and the survivors of a lost node re-forming a group (our API); about a minute.
+torch-elastic: $(STAMP)
+	$(PY) -m pytest -q -rs -m slow tests/torch/test_torch_elastic.py
+
+# The documentation site (MkDocs + mkdocstrings) into site/; --strict turns any warning into a failure.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# Deployment under real engines (docs/deployment.md). `slurm` installs and starts a single-node Slurm
+# (root; Debian's slurm-wlm and munge; scripts/slurm-down.sh stops it); `ray` installs the optional Ray
+# extra; `deploy-test` runs every test of tests/deploy, the slow ones too (each engine's tests skip where
+# it is absent); `netns-bench` times all-reduce across rate-capped network namespaces (root).
+slurm:
+	sh scripts/slurm-up.sh
+
+ray: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[ray]'
+
+deploy-test: $(STAMP)
+	$(PY) -m pytest -q -rs -m 'slow or not slow' tests/deploy
+
+netns-bench: $(STAMP)
+	$(PY) benchmarks/netns_bench.py --per-host 1
+	$(PY) benchmarks/netns_bench.py --per-host 2
+
+# The reliability campaign of docs/reliability.md: 200 ranks killed, 30 frozen (SIGSTOP), 12 links cut
+# (network namespaces, root only; skipped otherwise), at random moments; about 15 minutes on two cores.
+campaign: $(STAMP)
+	$(PY) benchmarks/reliability_campaign.py --kills 200 --stops 30 --cuts 12 --seed 1
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .hypothesis

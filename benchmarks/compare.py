@@ -1,18 +1,22 @@
 """allreduce against torch.distributed's Gloo and Open MPI (mpi4py), side by side, in one run.
 
-    python benchmarks/compare.py                       # 2 and 4 ranks, 8 B .. 256 MiB, 3 rounds
-    python benchmarks/compare.py -n 2 --max-bytes 64M --rounds 2 --plot out/compare.png
+    python benchmarks/compare.py                       # 2 and 4 ranks, 8 B .. 64 MiB, 3 rounds
+    python benchmarks/compare.py -n 2 --sizes 8,64K,1M,16M,64M --rounds 5
+    python benchmarks/compare.py --variant cma:ALLREDUCE_SHM_STAGED_MAX=0   # a second allreduce setting
 
 Every system runs the same float32 SUM all-reduce sweep; the systems take turns round by round (so a
-noisy minute hurts all of them alike) and each size keeps its best round. The table gives latency,
-busbw (nccl-tests' 2(n-1)/n factor) and the ratio allreduce/peer (>1 means allreduce is faster), and
-the machine's own limits measured in the same run: memory copy bandwidth (np.copyto of 256 MiB) and
-loopback TCP throughput. Systems that are not installed are skipped with a message.
+noisy minute hurts all of them alike) and each size keeps the median of its rounds. The table gives
+latency in us up to 64 KiB and busbw (nccl-tests' 2(n-1)/n factor) above, rank 0's CPU time per call
+for the latency sizes, and the ratio peer/allreduce of times (>1 means allreduce is faster). The header
+states the machine's own limits measured in the same run (memory copy bandwidth: np.copyto of 256 MiB;
+loopback TCP throughput) and its load average before and after. Systems that are not installed are
+skipped with a message.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -31,22 +35,23 @@ SYSTEMS = ("allreduce", "gloo", "mpi")
 # ---- workers: one process per rank, each prints nothing but rank 0's JSON line ------------------
 
 def _iterations(nbytes: int) -> int:
-    return int(min(2000, max(5, (256 << 20) // max(nbytes, 1))))
+    return int(min(1000, max(5, (64 << 20) // max(nbytes, 1))))
 
 
-def _sweep(allreduce_fn, barrier, rank: int, sizes: list[int]) -> dict[int, float]:
+def _sweep(allreduce_fn, barrier, sizes: list[int]) -> dict[int, tuple[float, float]]:
+    """Seconds of wall time and of this process's CPU time per call, for each size."""
     times = {}
     for nbytes in sizes:
-        x = np.ones(max(1, nbytes // 4), np.float32)
+        x = np.zeros(max(1, nbytes // 4), np.float32)  # zeros: sums stay finite however many calls
         iters = _iterations(nbytes)
         for _ in range(min(3, iters)):
             allreduce_fn(x)
         barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iters):
             allreduce_fn(x)
         barrier()
-        times[nbytes] = (time.perf_counter() - start) / iters
+        times[nbytes] = ((time.perf_counter() - start) / iters, (time.process_time() - cpu) / iters)
     return times
 
 
@@ -71,7 +76,7 @@ def worker(system: str, sizes: list[int]) -> None:
         comm = MPI.COMM_WORLD
         rank, barrier, done = comm.Get_rank(), comm.Barrier, lambda: None
         fn = lambda x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)  # noqa: E731
-    times = _sweep(fn, barrier, rank, sizes)
+    times = _sweep(fn, barrier, sizes)
     done()
     if rank == 0:
         print("RESULT " + json.dumps({str(k): v for k, v in times.items()}), flush=True)
@@ -90,7 +95,9 @@ def missing(system: str) -> str | None:
     return None
 
 
-def run_system(system: str, n: int, sizes: list[int], timeout: float) -> dict[int, float]:
+def run_system(system: str, n: int, sizes: list[int], timeout: float,
+               extra_env: dict | None = None) -> dict[int, tuple[float, float]]:
+    """``{size: (seconds, cpu seconds) per call}`` of one sweep of ``system`` on ``n`` ranks."""
     args = [sys.executable, HERE, "--worker", system, "--sizes", ",".join(map(str, sizes))]
     if system == "mpi":
         cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"] + (
@@ -98,11 +105,11 @@ def run_system(system: str, n: int, sizes: list[int], timeout: float) -> dict[in
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     else:
         cmd = [sys.executable, "-m", "allreduce", "run", "-n", str(n), "--no-tag-output", "--"] + args
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return {int(k): v for k, v in json.loads(line[7:]).items()}
+            return {int(k): tuple(v) for k, v in json.loads(line[7:]).items()}
     raise RuntimeError(f"{system} -n {n} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
 
 
@@ -167,81 +174,116 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def table(n: int, sizes: list[int], results: dict[str, dict[int, float]]) -> list[str]:
-    peers = [s for s in SYSTEMS if s != "allreduce" and s in results]
+LATENCY_MAX = 64 << 10  # sizes up to this are shown as latency (and CPU per call), larger ones as busbw
+
+
+def table(n: int, sizes: list[int], results: dict[str, dict[int, tuple[float, float]]]) -> list[str]:
+    """One markdown table: a column per system, its CPU per call at latency sizes, then the ratios
+    peer time / allreduce time for each peer (every system not named ``allreduce...``)."""
+    ours = [s for s in results if s.startswith("allreduce")]
+    peers = [s for s in results if s not in ours]
     factor = 2 * (n - 1) / n
-    head = f"| size | " + " | ".join(f"{s} time | {s} busbw" for s in results) + " | " + " | ".join(
-        f"allreduce/{p}" for p in peers) + " |"
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    head = ["size"] + list(results) + [f"{s} CPU" for s in results] + [
+        f"{o}/{p}" for o in ours for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for size in sizes:
-        cells = []
+        cells = [fmt_size(size)]
         for system in results:
-            t = results[system][size]
-            cells += [f"{t * 1e6:.1f} us", f"{size / t * factor / 1e9:.2f} GB/s"]
-        ratios = [f"{results[p][size] / results['allreduce'][size]:.2f}x" if "allreduce" in results else "-" for p in peers]
-        lines.append(f"| {fmt_size(size)} | " + " | ".join(cells + ratios) + " |")
+            t = results[system][size][0]
+            cells.append(f"{t * 1e6:.1f} us" if size <= LATENCY_MAX else f"{size / t * factor / 1e9:.2f} GB/s")
+        cells += [f"{results[s][size][1] * 1e6:.1f} us" if size <= LATENCY_MAX else "" for s in results]
+        cells += [_ratio(results[p][size][0] / results[o][size][0]) for o in ours for p in peers]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def plot(path: str, per_n: dict[int, dict[str, dict[int, float]]]) -> None:
+def _ratio(r: float) -> str:
+    return f"{r:.2f}x" if r >= 0.1 else f"1/{1 / r:.0f}"
+
+
+def plot(path: str, per_n: dict[int, dict[str, dict[int, tuple[float, float]]]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(per_n), figsize=(6 * len(per_n), 4.5), squeeze=False)
+    from allreduce.sim.sweep import curve_style, size_axis
+
+    fig, axes = plt.subplots(1, len(per_n), figsize=(6 * len(per_n) + 1.5, 4.5), squeeze=False)
     for ax, (n, results) in zip(axes[0], sorted(per_n.items())):
-        for system, times in results.items():
+        for i, (system, times) in enumerate(results.items()):
             xs = sorted(times)
-            ax.plot(xs, [x / times[x] * 2 * (n - 1) / n / 1e9 for x in xs], marker="o", label=system)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
+            ax.plot(xs, [x / times[x][0] * 2 * (n - 1) / n / 1e9 for x in xs], label=system, **curve_style(i))
+        size_axis(ax)
+        ax.set_yscale("log")  # small sizes are orders of magnitude below large ones
+        ax.set_xlabel("message size")
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"all_reduce float32 sum, {n} ranks")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
+def median_of(rounds: list[dict[int, tuple[float, float]]]) -> dict[int, tuple[float, float]]:
+    """Per size, the median wall time over rounds and the median CPU time."""
+    return {size: (float(np.median([r[size][0] for r in rounds])), float(np.median([r[size][1] for r in rounds])))
+            for size in rounds[0]}
+
+
+def load() -> str:
+    return "/".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("-n", "--ranks", default="2,4", help="comma list of world sizes (default 2,4)")
-    parser.add_argument("-b", "--min-bytes", default="8")
-    parser.add_argument("-e", "--max-bytes", default="256M")
-    parser.add_argument("-f", "--factor", type=int, default=8)
+    parser.add_argument("--sizes", default="8,1K,8K,64K,256K,1M,4M,16M,64M",
+                        help="comma list of message sizes (default 8,1K,8K,64K,256K,1M,4M,16M,64M)")
+    parser.add_argument("-b", "--min-bytes", help="instead of --sizes: sweep from this size ...")
+    parser.add_argument("-e", "--max-bytes", default="64M", help="... to this one ...")
+    parser.add_argument("-f", "--factor", type=int, default=4, help="... multiplying by this")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                        help="also run allreduce with these environment variables, as column allreduce-NAME")
     parser.add_argument("--plot", default="out/compare.png", help="PNG path ('' for none)")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, [int(s) for s in args.sizes.split(",")])
         return 0
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.factor)
-    systems = []
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after the sweep
+        parser.error("--plot needs matplotlib (pip install matplotlib); --plot '' runs without a plot")
+    if args.min_bytes:
+        sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.factor)
+    else:
+        sizes = sorted(parse_bytes(s) for s in args.sizes.split(","))
+    runs: dict[str, tuple[str, dict]] = {}  # column -> (system, extra environment)
     for system in args.systems.split(","):
         why = missing(system)
         if why:
             print(f"# skipping {system}: {why}")
         else:
-            systems.append(system)
-    print(f"# {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs; memory copy {memory_bandwidth():.1f} GB/s; "
-          f"loopback TCP {loopback_tcp():.2f} GB/s (one stream)")
+            runs[system] = (system, {})
+    for variant in args.variant:
+        name, _, assignments = variant.partition(":")
+        runs[f"allreduce-{name}"] = ("allreduce", dict(a.split("=", 1) for a in assignments.split(",") if a))
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, load average {load()} (1/5/15 min); "
+          f"memory copy {memory_bandwidth():.1f} GB/s; loopback TCP {loopback_tcp():.2f} GB/s (one stream)")
+    print(f"# {sys.executable} {' '.join(sys.argv)}")
     per_n = {}
     for n in [int(v) for v in args.ranks.split(",")]:
-        best: dict[str, dict[int, float]] = {s: {} for s in systems}
+        rounds: dict[str, list] = {column: [] for column in runs}
         for round_ in range(args.rounds):
-            for system in systems:
-                for size, t in run_system(system, n, sizes, args.timeout).items():
-                    best[system][size] = min(t, best[system].get(size, float("inf")))
-                print(f"# {n} ranks, round {round_ + 1}/{args.rounds}: {system} done", file=sys.stderr)
-        per_n[n] = best
-        print(f"\n## {n} ranks (float32 SUM, best of {args.rounds} rounds)\n")
-        print("\n".join(table(n, sizes, best)))
+            for column, (system, env) in runs.items():
+                rounds[column].append(run_system(system, n, sizes, args.timeout, env))
+                print(f"# {n} ranks, round {round_ + 1}/{args.rounds}: {column} done (load {load()})", file=sys.stderr)
+        per_n[n] = {column: median_of(r) for column, r in rounds.items()}
+        print(f"\n## {n} ranks (float32 SUM, median of {args.rounds} rounds; load average now {load()})\n")
+        print("\n".join(table(n, sizes, per_n[n])))
     if args.plot:
         plot(args.plot, per_n)
         print(f"\nplot: {args.plot}")

@@ -9,12 +9,15 @@ The API mirrors torch.distributed on numpy arrays (and torch CPU tensors)::
     dist.destroy_process_group()
 """
 
+from types import ModuleType
+
 from . import algorithms, errors
 from .api import (
-    NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single, barrier,
-    broadcast, default_group, destroy_process_group, gather, get_backend, get_local_rank, get_local_size, get_rank,
-    get_topology, get_world_size, init_process_group, irecv, is_available, is_initialized, isend, new_group, recv,
-    reduce, reduce_scatter, reduce_scatter_tensor, scatter, send, split_group,
+    NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single,
+    are_deterministic_algorithms_enabled, barrier, broadcast, default_group, destroy_process_group, gather,
+    get_backend, get_local_rank, get_local_size, get_rank, get_topology, get_world_size, init_process_group, irecv,
+    is_available, is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
+    send, split_group, use_deterministic_algorithms,
 )
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
 from .group import ProcessGroup
@@ -29,15 +32,17 @@ __version__ = "0.1.0"
 __all__ = [
     "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
     "ProtocolError", "ReduceOp", "RendezvousError", "Topology", "Work", "algorithms", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_reduce_scalar", "all_to_all_single", "barrier",
+    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_reduce_scalar", "all_to_all_single",
+    "are_deterministic_algorithms_enabled", "barrier",
     "broadcast", "broadcast_object_list", "default_group", "destroy_process_group", "empty", "errors", "gather",
     "gather_object", "get_backend", "get_local_rank", "get_local_size", "get_rank", "get_topology", "get_world_size",
     "init_process_group", "irecv", "is_available", "is_initialized", "isend", "new_group", "recv", "reduce",
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "split_group",
+    "use_deterministic_algorithms",
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> ModuleType:
     """``from allreduce import MPI`` (mpi4py's API), loaded only when asked for."""
     if name == "MPI":
         from . import mpi

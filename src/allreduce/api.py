@@ -16,18 +16,24 @@ from __future__ import annotations
 
 import datetime
 import weakref
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Union, cast
 
 import numpy as np
 
-from . import rendezvous, topology, uneven
+from . import logs, rendezvous, topology, uneven
 from .bootstrap import form_group, leave
 from .buffers import as_array, flat
 from .group import ProcessGroup, finish_reduction
 from .ops import ReduceOp, check_op
 from .p2p import TAG_UB, P2PWork
+from .planner import determinism
 from .settings import DEFAULT_TIMEOUT, Settings
 from .transport.shm import ShmOptions
 from .work import Work
+
+if TYPE_CHECKING:
+    import torch
 
 BACKENDS = (None, "allreduce", "tcp")
 
@@ -42,6 +48,14 @@ class NonMember:
         return f"<allreduce group {self.ranks}: this rank is not a member>"
 
 
+# What the public functions take, named so that signatures say it (and type checkers see it).
+Tensor = Union[np.ndarray, "torch.Tensor"]  # a numpy array or a torch CPU tensor, read and written in place
+Group = Union[ProcessGroup, NonMember, None]  # None: the default group
+Op = Union[ReduceOp, int]  # a ReduceOp, or its value
+Timeout = Union[float, datetime.timedelta, None]  # seconds; None: the default group's, else DEFAULT_TIMEOUT
+Number = Union[int, float, complex]
+
+
 class _State:
     world: ProcessGroup | None = None
     groups: list[ProcessGroup] = []
@@ -52,8 +66,9 @@ class _State:
 
 # ---- setup --------------------------------------------------------------------------------------
 
-def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
-                       world_size: int = -1, rank: int = -1, store=None, group_name: str = "") -> None:
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout: Timeout = None,
+                       world_size: int = -1, rank: int = -1, store: rendezvous.Store | None = None,
+                       group_name: str = "") -> None:
     """Join the job's default group: find the other ranks, then connect to every one of them.
 
     Args:
@@ -79,6 +94,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
     seconds = _seconds(timeout)
     settings, shm_options = Settings.from_env(), ShmOptions.from_env()  # the environment, read once
+    logs.configure(settings.debug)
     if store is None:
         store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds)
     elif rank < 0 or world_size < 1:
@@ -108,6 +124,28 @@ def is_initialized() -> bool:
     return _State.world is not None
 
 
+def use_deterministic_algorithms(mode: bool) -> None:
+    """Make every ``all_reduce``, ``reduce`` and ``reduce_scatter`` with SUM, AVG or PRODUCT (of a
+    floating dtype) return exactly the left fold over ranks in rank order, ``((x0 + x1) + x2) + ...``,
+    computed elementwise in the dtype: the same bits whatever the algorithm, transport, world size or
+    timing. Process-wide, for every group, and it overrides ``ALLREDUCE_DETERMINISTIC``.
+
+    Only algorithms that reduce in rank order then run (on more than two ranks, ``ordered``, even when
+    another algorithm is named): they send the bytes of a ring, but reduce after the transfer, not
+    during it. MIN, MAX, the bitwise ops and integer dtypes are unaffected: any order gives their bits.
+
+    Example: ``dist.use_deterministic_algorithms(True)``, then ``dist.all_reduce(x)`` on 4 ranks returns
+    ``((x0 + x1) + x2) + x3`` on every rank, run after run.
+    """
+    determinism.use_deterministic_algorithms(mode)
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether deterministic mode is on (see :func:`use_deterministic_algorithms`): as last set there,
+    else as ``ALLREDUCE_DETERMINISTIC`` says."""
+    return determinism.enabled()
+
+
 def default_group() -> ProcessGroup:
     """The default group that :func:`init_process_group` formed.
 
@@ -117,21 +155,21 @@ def default_group() -> ProcessGroup:
     return _require()
 
 
-def get_rank(group=None) -> int:
+def get_rank(group: Group = None) -> int:
     """This rank's index in ``group`` (the default group if ``None``); -1 if not a member."""
     if isinstance(group, NonMember):
         return -1
     return _group(group).rank
 
 
-def get_world_size(group=None) -> int:
+def get_world_size(group: Group = None) -> int:
     """Number of ranks in ``group``; -1 if this rank is not a member."""
     if isinstance(group, NonMember):
         return -1
     return _group(group).size
 
 
-def get_topology(group=None) -> topology.Topology:
+def get_topology(group: Group = None) -> topology.Topology:
     """Where this rank sits among the hosts of ``group`` (default: the world).
 
     Example (2 hosts x 2 ranks, on rank 3): ``Topology(rank=3, size=4, local_rank=1, local_size=2,
@@ -140,7 +178,7 @@ def get_topology(group=None) -> topology.Topology:
     return _group(group).topology
 
 
-def new_group(ranks=None, timeout=None):
+def new_group(ranks: Iterable[int] | None = None, timeout: Timeout = None) -> ProcessGroup | NonMember:
     """A subgroup of the given world ranks; every rank of the job must call it, in the same order.
 
     Returns the group on members and a :class:`NonMember` elsewhere (collectives on it raise).
@@ -162,7 +200,8 @@ def new_group(ranks=None, timeout=None):
 
 # ---- collectives --------------------------------------------------------------------------------
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,
+               algorithm: str | None = None) -> Work | None:
     """Reduce ``tensor`` across all ranks in place; every rank ends with the same result.
 
     ``algorithm``: ``"auto"`` (default), ``"ring"``, ``"tree"``, ``"reduce_bcast"`` or any registered one.
@@ -174,13 +213,14 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
     """
     g = _group(group)
     arr = as_array(tensor)
-    op = check_op(op, arr.dtype)
-    data = flat(arr)
+    op = _checked_op(op, arr.dtype)
+    data = arr if arr.ndim == 1 else flat(arr)
     return g.collective("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
                         finish_reduction(op, data, g.size), async_op)
 
 
-def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,
+           algorithm: str | None = None) -> Work | None:
     """Reduce ``tensor`` from all ranks into ``tensor`` on rank ``dst``; other ranks' tensors are unchanged."""
     g = _group(group)
     arr = as_array(tensor)
@@ -191,7 +231,8 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False
     return g.collective("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after, async_op)
 
 
-def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: str | None = None):
+def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = False,
+              algorithm: str | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
     g = _group(group)
     arr = as_array(tensor)
@@ -200,7 +241,8 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: s
     return g.collective("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False, algorithm: str | None = None):
+def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Group = None, async_op: bool = False,
+                           algorithm: str | None = None) -> Work | None:
     """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
     g = _group(group)
     out, inp = as_array(output_tensor, "output_tensor"), as_array(input_tensor, "input_tensor", writable=False)
@@ -211,14 +253,15 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
                         ReduceOp.SUM, 0, algorithm, None, async_op)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
+def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Group = None, async_op: bool = False,
+               algorithm: str | None = None) -> Work | None:
     """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank."""
     g = _group(group)
     inp = as_array(tensor, "tensor", writable=False)
     outs = _tensor_list(tensor_list, g.size, inp, "tensor_list")
     staged = np.empty(g.size * inp.size, inp.dtype)
 
-    def scatter_out():
+    def scatter_out() -> None:
         for i, o in enumerate(outs):
             flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
 
@@ -226,7 +269,8 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
                         ReduceOp.SUM, 0, algorithm, scatter_out, async_op)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, group: Group = None,
+                          async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Reduce ``input`` (world size x ``output``) across ranks; rank r keeps block r in ``output``."""
     g = _group(group)
     out, inp = as_array(output, "output"), as_array(input, "input", writable=False)
@@ -239,7 +283,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
                         algorithm, finish_reduction(op, result, g.size), async_op)
 
 
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+def reduce_scatter(output: Tensor, input_list: list[Tensor], op: Op = ReduceOp.SUM, group: Group = None,
+                   async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Reduce ``input_list[r]`` across ranks into ``output`` on rank r."""
     g = _group(group)
     out = as_array(output, "output")
@@ -248,8 +293,9 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     return reduce_scatter_tensor(out, staged, op, group, async_op, algorithm)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                      async_op: bool = False, algorithm: str | None = None):
+def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: Group = None,
+                      async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Rank r sends block j of ``input`` to rank j, which stores it as block r of ``output``.
 
     Blocks are equal unless split sizes (rows of dim 0 per rank, as in torch) are given; uneven
@@ -268,7 +314,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                         ReduceOp.SUM, 0, algorithm, None, async_op)
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, algorithm: str | None = None):
+def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0, group: Group = None,
+           async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (``None`` elsewhere)."""
     g = _group(group)
     _check_rank(dst, g, "dst")
@@ -278,7 +325,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
         outs = _tensor_list(gather_list, g.size, inp, "gather_list")
         staged = buffers["out"] = np.empty(g.size * inp.size, inp.dtype)
 
-        def after():
+        def after() -> None:
             for i, o in enumerate(outs):
                 flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
     elif gather_list is not None:
@@ -286,7 +333,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     return g.collective("gather", buffers, inp.size, inp.dtype, ReduceOp.SUM, dst, algorithm, after, async_op)
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False, algorithm: str | None = None):
+def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0, group: Group = None,
+            async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Rank ``src`` sends ``scatter_list[r]`` to rank r, which receives it into ``tensor``."""
     g = _group(group)
     _check_rank(src, g, "src")
@@ -300,13 +348,13 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     return g.collective("scatter", buffers, out.size, out.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
 
 
-def barrier(group=None, async_op: bool = False):
+def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = _group(group)
     return g.collective("barrier", {}, 0, np.dtype(np.uint8), ReduceOp.SUM, 0, None, None, async_op)
 
 
-def send(tensor, dst: int, group=None, tag: int = 0) -> None:
+def send(tensor: Tensor, dst: int, group: Group = None, tag: int = 0) -> None:
     """Send ``tensor`` to rank ``dst``; returns once it is sent (see :func:`isend`).
 
     Example (two ranks)::
@@ -317,7 +365,7 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     isend(tensor, dst, group, tag).wait()
 
 
-def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
+def recv(tensor: Tensor, src: int | None = None, group: Group = None, tag: int = 0) -> int:
     """Receive into ``tensor`` a message sent with ``tag`` by rank ``src`` (``None``: any rank).
 
     Returns the rank the message came from (in ``group``), as torch does.
@@ -328,10 +376,10 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
     """
     work = irecv(tensor, src, group, tag)
     work.wait()
-    return work.source
+    return cast(int, work.source)  # set once the receive is done
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0) -> P2PWork:
+def isend(tensor: Tensor, dst: int, group: Group = None, tag: int = 0) -> P2PWork:
     """Start sending ``tensor`` to rank ``dst`` with ``tag``; returns a :class:`~allreduce.p2p.P2PWork`.
 
     Sends and receives may be posted in any order, between any pairs: each completes as soon as its
@@ -349,7 +397,7 @@ def isend(tensor, dst: int, group=None, tag: int = 0) -> P2PWork:
     return g.point_to_point(flat(as_array(tensor, writable=False)), int(dst), int(tag), True)
 
 
-def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> P2PWork:
+def irecv(tensor: Tensor, src: int | None = None, group: Group = None, tag: int = 0) -> P2PWork:
     """Start receiving into ``tensor`` from rank ``src`` (``None``: any rank) with ``tag``.
 
     Returns a :class:`~allreduce.p2p.P2PWork`; once it is done, its ``source`` is the sender's rank.
@@ -367,7 +415,7 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> P2PWork:
     return g.point_to_point(flat(as_array(tensor)), None if src is None else int(src), int(tag), False)
 
 
-def all_reduce_scalar(value, op=ReduceOp.SUM, group=None):
+def all_reduce_scalar(value: Number, op: Op = ReduceOp.SUM, group: Group = None) -> Number:
     """All-reduce one Python number (the article's ``SimpleAllReduce``) and return the result.
 
     Example (two ranks)::
@@ -378,10 +426,26 @@ def all_reduce_scalar(value, op=ReduceOp.SUM, group=None):
     if arr.dtype.kind not in "biufc" or arr.ndim != 1:
         raise TypeError(f"all_reduce_scalar takes a number, got {type(value).__name__}")
     all_reduce(arr, op, group)
-    return arr[0].item()
+    result: Number = arr[0].item()
+    return result
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+# (op, dtype) -> the ReduceOp check_op returned: the hot path checks each pair once
+_CHECKED: dict[tuple[object, np.dtype], ReduceOp] = {}
+
+
+def _checked_op(op: object, dtype: np.dtype) -> ReduceOp:
+    """:func:`check_op`, remembered per (op, dtype) pair that it accepted."""
+    try:
+        return _CHECKED[op, dtype]
+    except (KeyError, TypeError):  # not seen yet, or an op that cannot be a key: check it in full
+        checked = check_op(op, dtype)
+    if type(op) is ReduceOp and len(_CHECKED) < 1024:
+        _CHECKED[op, dtype] = checked
+    return checked
+
 
 def _require() -> ProcessGroup:
     if _State.world is None:
@@ -389,7 +453,7 @@ def _require() -> ProcessGroup:
     return _State.world
 
 
-def _group(group) -> ProcessGroup:
+def _group(group: Group) -> ProcessGroup:
     if group is None:
         return _require()
     if isinstance(group, NonMember):
@@ -399,14 +463,14 @@ def _group(group) -> ProcessGroup:
     return group
 
 
-def _check_rank(rank, g: ProcessGroup, name: str, peer: bool = False) -> None:
+def _check_rank(rank: int | None, g: ProcessGroup, name: str, peer: bool = False) -> None:
     if not isinstance(rank, (int, np.integer)) or not 0 <= rank < g.size:
         raise ValueError(f"{name}={rank!r} is not a rank of this group (0..{g.size - 1})")
     if peer and rank == g.rank:
         raise ValueError(f"{name}={rank} is this rank; point-to-point needs another rank")
 
 
-def _check_tag(tag) -> None:
+def _check_tag(tag: int) -> None:
     if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= TAG_UB:
         raise ValueError(f"tag={tag!r} must be an integer in 0..{TAG_UB}")
 
@@ -425,7 +489,8 @@ def _check_same_dtype(a: np.ndarray, b: np.ndarray) -> None:
         raise TypeError(f"input and output dtypes differ: {b.dtype} vs {a.dtype}")
 
 
-def _tensor_list(tensors, size: int, like: np.ndarray, name: str, writable: bool = True) -> list[np.ndarray]:
+def _tensor_list(tensors: Sequence[Tensor] | None, size: int, like: np.ndarray, name: str,
+                 writable: bool = True) -> list[np.ndarray]:
     if tensors is None or len(tensors) != size:
         raise ValueError(f"{name} must hold one tensor per rank ({size}), got {None if tensors is None else len(tensors)}")
     arrays = [as_array(t, f"{name}[{i}]", writable) for i, t in enumerate(tensors)]
@@ -435,7 +500,7 @@ def _tensor_list(tensors, size: int, like: np.ndarray, name: str, writable: bool
     return arrays
 
 
-def _seconds(timeout) -> float:
+def _seconds(timeout: Timeout) -> float:
     if timeout is None:
         return DEFAULT_TIMEOUT
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
@@ -451,23 +516,23 @@ def is_available() -> bool:
     return True
 
 
-def get_backend(group=None) -> str:
+def get_backend(group: Group = None) -> str:
     """The backend of ``group``: ``"allreduce"`` (shared memory inside a host, TCP across)."""
     _group(group)
     return "allreduce"
 
 
-def get_local_rank(group=None) -> int:
+def get_local_rank(group: Group = None) -> int:
     """This rank's index among the ranks of ``group`` on its host (Horovod's ``local_rank``)."""
     return _group(group).topology.local_rank
 
 
-def get_local_size(group=None) -> int:
+def get_local_size(group: Group = None) -> int:
     """How many ranks of ``group`` share this rank's host."""
     return _group(group).topology.local_size
 
 
-def resolve_group(group=None) -> ProcessGroup:
+def resolve_group(group: Group = None) -> ProcessGroup:
     """The :class:`ProcessGroup` a ``group`` argument names (``None``: the default group).
 
     Raises:
@@ -476,10 +541,11 @@ def resolve_group(group=None) -> ProcessGroup:
     return _group(group)
 
 
-_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # parent group -> splits made of it
+_SPLITS: weakref.WeakKeyDictionary[ProcessGroup, int] = weakref.WeakKeyDictionary()  # parent group -> splits made of it
 
 
-def split_group(parent_pg=None, split_ranks=None, timeout=None):
+def split_group(parent_pg: Group = None, split_ranks: Iterable[Iterable[int]] | None = None,
+                timeout: Timeout = None) -> ProcessGroup | NonMember:
     """Split ``parent_pg`` into disjoint new groups; every rank of the parent calls it, with the same splits.
 
     Unlike :func:`new_group`, only the parent's ranks take part, so a subgroup can be split again

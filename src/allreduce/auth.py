@@ -20,7 +20,8 @@ Without it the handshake still runs, keyed by a constant everyone knows: it then
 that speak another protocol or belong to another group, but anyone who can reach the port passes it.
 It checks membership; it does not authenticate. Only the start of a connection is protected: the
 frames after the handshake are neither encrypted nor signed, so an attacker who can rewrite packets on
-the path can still tamper with them (use a private network, or a VPN/IPsec, against that).
+the path can still tamper with them (set the ``ALLREDUCE_TLS_*`` variables, :mod:`.tls`, or use a
+private network or a VPN/IPsec, against that). With TLS the handshake runs inside it.
 
 Everything here but the two blocking helpers is sans-I/O (bytes in, bytes out): :class:`Responder`
 is the server's half for an event loop, :func:`client_handshake` and :func:`server_handshake` run

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import time
 
-from . import algorithms, p2p, topology
+from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
 from .group import ProcessGroup
 from .rendezvous import LEFT_KEY
@@ -22,6 +22,7 @@ from .transport import shm
 from .transport.routed import RoutedTransport
 from .transport.tcp import TcpTransport
 
+_log = logs.get("transport")
 LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
 GOODBYE_S = 1.0  # seconds the others give their goodbye: longer, and the store's host is frozen or gone
 
@@ -42,8 +43,13 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
         RendezvousError: a peer could not be reached in time. ValueError: settings that cannot apply.
     """
     check_forced_algorithm(settings.algorithm)
+    logs.configure(settings.debug)
+    logs.tag(ranks[rank])
     topo = topology.discover(store, rank, size, timeout, settings.host_id)
     transport, intra = connect(store, rank, size, topo, name, timeout, settings, shm_options)
+    near = [r for r in topo.local_ranks if r != rank] if intra == "shm" else []
+    _log.info("group %s: rank %d/%d reaches ranks %s by shared memory, ranks %s by TCP", name, rank, size,
+              near, [r for r in range(size) if r != rank and r not in near])
     if settings.timeline:  # a Chrome trace per rank, written when the group closes
         transport = TimelineTransport(transport, settings.timeline, ranks[rank], name)
     try:  # point-to-point: listen and publish the address now; links are made on first use

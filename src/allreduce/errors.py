@@ -15,6 +15,8 @@ from typing import TypeVar
 class AllreduceError(RuntimeError):
     """Base of every communication error raised by ``allreduce``."""
 
+    peer: int | None = None  # the rank the error is about, where there is one (see with_peer)
+
 
 class CommTimeout(AllreduceError, TimeoutError):
     """A wait passed its deadline: a peer is alive but did not take part in time."""

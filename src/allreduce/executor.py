@@ -78,8 +78,12 @@ class Executor:
         index = 0
         try:
             for index, copies, sends, recvs in steps:
-                for src, dst in copies:
-                    np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
+                for src, dst, acc in copies:
+                    if acc is None:
+                        np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
+                    else:  # a reducing copy: dst = acc (op) src, in the schedule's order
+                        ufunc(arrays[acc.buf][acc.start:acc.stop], arrays[src.buf][src.start:src.stop],
+                              out=arrays[dst.buf][dst.start:dst.stop])
                 send_specs = []
                 for peer, src in sends:
                     payload = raw[src.buf][src.start * itemsize:src.stop * itemsize]
@@ -166,7 +170,7 @@ def _plan(schedule: Schedule) -> tuple:
     for index, step in enumerate(schedule.steps):
         if not step:
             continue
-        copies = tuple((op.src, op.dst) for op in step if isinstance(op, Copy))
+        copies = tuple((op.src, op.dst, op.reduce) for op in step if isinstance(op, Copy))
         sends = tuple((op.peer, op.src) for op in step if isinstance(op, Send))
         recvs, reducing = [], []
         for op in step:

@@ -8,8 +8,13 @@ that times out can say which ranks never arrived (the stall report). Point-to-po
 use the queue: the group's engine (:mod:`.p2p`) matches them by source and tag on links of its own,
 so a receive posted before its send never waits behind it (see :meth:`ProcessGroup.point_to_point`).
 
-Mismatched calls are caught by the fingerprint in every frame header (see :mod:`.wire`), or, where
-ranks wait on each other without a frame, by comparing the fingerprints they publish. Both include the
+A small collective among ranks that all share one host skips the planner, the schedule and the
+executor: it runs its call shape's ready plan on the shared-memory lines (:mod:`.fastpath`), numbered
+and queued like any other call. Whether a call takes the lines depends only on what every rank knows
+alike (the group, the call's shape, the settings), never on timing or on the queue.
+
+Mismatched calls are caught by the fingerprint in every frame header (see :mod:`.wire`) and line, or,
+where ranks wait on each other without a frame, by comparing the fingerprints they publish. Both include the
 algorithm and everything else that shapes the schedule (see :func:`_prepare`): ranks that would run
 different schedules can exchange frames of the same sizes and return different wrong sums. The root of a
 broadcast or scatter receives nothing, so a root that disagreed with the others would return as if
@@ -34,12 +39,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import threading
 
 import numpy as np
 
-from . import algorithms, collectives, planner, wire
+from . import algorithms, collectives, fastpath, logs, planner, wire
+from .planner import determinism
 from .algorithms.schedule import Recv, Region, Schedule, Send
 from .errors import AllreduceError, CommTimeout, GroupBroken, Interrupted, Mismatch, PeerLost
 from .executor import Call, Executor
@@ -50,6 +57,7 @@ from .topology import Topology, from_host_ids
 from .transport import Transport
 from .work import Work
 
+_log = logs.get("planner")
 STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
 
 
@@ -75,16 +83,26 @@ class ProcessGroup:
         self._prepared = _prepare({"hosts": hosts})  # registry entry -> (options the group supplies, digest)
         self._hierarchical = len(hosts) > 1 and self.topology.uniform and len(hosts[0]) > 1
         self._executor = Executor(transport)
+        if logs.DETAIL:  # ALLREDUCE_DEBUG=DETAIL: log every collective (when off, this costs nothing per call)
+            self._executor = logs.TimedExecutor(self._executor, self.ranks[rank])
         self._issuer: int | None = None  # the thread whose calls are in flight; no other may issue meanwhile
         self._in_flight = 0  # calls issued and not yet finished
         self._conflict: RuntimeError | None = None  # set when two threads issued at once: the calls in flight fail
-        self._cv = threading.Condition()
+        self._lock = threading.RLock()  # self._cv's lock: the hot path takes it without the Condition's wrapper
+        self._cv = threading.Condition(self._lock)
         self._queue: collections.deque = collections.deque()
         self._busy = False
         self._closed = False
         self._broken: AllreduceError | None = None
         self._seq = 0
-        self._started: Call | None = None  # the last collective this rank began
+        self._started: tuple[int, Call] | None = None  # (seq, call) of the last collective this rank began
+        # The small-message path (see fastpath), where every member is on this host, no algorithm is forced and
+        # no timeline traces the schedules: its plans by call shape (None: the shape does not take it), and the
+        # calls that took it so far.
+        lines = self.settings.algorithm == "auto" and not self.settings.timeline
+        self._lines = getattr(transport, "lines", None) if lines else None
+        self._plans: dict[tuple, fastpath.Plan | None] = {}
+        self._numbered = 0
         self._interval = min(1.0, timeout / 5)  # heartbeat period, and quiet time before inspecting peers
         self._choices: dict[tuple, str] = {}  # the algorithm chosen per call shape, decided once per group
         self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
@@ -109,14 +127,22 @@ class ProcessGroup:
     def collective(self, collective: str, buffers: dict[str, np.ndarray], count: int, dtype: np.dtype,
                    op: ReduceOp = ReduceOp.SUM, root: int = 0, algorithm: str | None = None,
                    after=None, async_op: bool = False) -> Work | None:
-        """Run ``collective`` with the chosen algorithm's schedule on ``buffers``.
+        """Run ``collective`` with the chosen algorithm's schedule on ``buffers`` (a small call among
+        ranks of one host: on the lines, see the module docstring).
 
         ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
         (see :func:`finish_reduction`).
         """
+        if self._lines is not None and (algorithm is None or algorithm == "auto"):
+            plan = self._plans.get((collective, count, dtype, op, root), False)
+            if plan is False:
+                plan = self._plan_lines(collective, count, dtype, op, root)
+            if plan is not None:
+                return self._run_lines(plan, buffers, after, async_op)
         self._claim(collective)
         try:
-            name = self.algorithm_for(collective, algorithm, count * dtype.itemsize, dtype)
+            ordered = collectives.get(collective).reduces and determinism.required(self.settings, op, dtype)
+            name = self.algorithm_for(collective, algorithm, count * dtype.itemsize, dtype, ordered)
             entry = algorithms.get(collective, name)
             options, digest = self._prepared[entry]
             if collectives.get(collective).root_sends_only and self.size > 1:
@@ -131,27 +157,64 @@ class ProcessGroup:
             raise
         return self._submit(call, schedule, buffers, after, async_op)
 
-    def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
+    def _plan_lines(self, collective: str, count: int, dtype: np.dtype, op: ReduceOp,
+                    root: int) -> fastpath.Plan | None:
+        """The lines' plan for this call shape (``None``: it takes the schedules), remembered."""
+        if len(self._plans) > 4096:
+            self._plans.clear()
+        plan = self._plans[(collective, count, dtype, op, root)] = fastpath.plan(self._lines, collective, count,
+                                                                                 dtype, op, root)
+        return plan
+
+    def _run_lines(self, plan: fastpath.Plan, buffers, after, async_op: bool) -> Work | None:
+        """:meth:`collective` on the lines: numbered in turn with every other call, run inline when the
+        group is idle, else queued behind the calls in flight (the path never depends on timing)."""
+        me = threading.get_ident()
+        with self._lock:
+            if self._in_flight or self._broken is not None or self._closed or me == self._threads[0].ident:
+                self._claim_locked(plan.call.collective, me)  # the checks in full: they may raise
+                try:
+                    self._check_usable()
+                except GroupBroken:
+                    self._in_flight -= 1
+                    raise
+            else:  # an idle, usable group, called from an application thread: what the checks would do
+                self._issuer, self._in_flight = me, 1
+            self._seq += 1
+            self._numbered += 1
+            seq, work = self._seq, (plan, self._numbered)
+            inline = not async_op and not self._busy and not self._queue
+            if inline:
+                self._busy = True
+        if inline:
+            return self._run_inline(seq, plan.call, work, buffers, after)
+        return self._submit(dataclasses.replace(plan.call, seq=seq), work, buffers, after, async_op, queue=True)
+
+    def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
+                      in_rank_order: bool = False) -> str:
         """The planner's choice, except that an automatic all-reduce over several hosts of several
-        ranks each is hierarchical (inside hosts, then across them, then inside again).
+        ranks each is hierarchical (inside hosts, then across them, then inside again). With
+        ``in_rank_order`` (deterministic mode), only an algorithm that reduces in rank order.
 
         Remembered per call shape: the planner reads the environment and the cost profile, which is
         too slow to repeat for every small collective.
         """
-        key = (collective, algorithm, nbytes, dtype)
+        key = (collective, algorithm, nbytes, dtype, in_rank_order)
         name = self._choices.get(key)
         if name is None:
             if len(self._choices) > 4096:
                 self._choices.clear()
-            name = self._choices[key] = self._plan(collective, algorithm, nbytes, dtype)
+            name = self._choices[key] = self._plan(collective, algorithm, nbytes, dtype, in_rank_order)
+            _log.info("group %s: %s of %d bytes (%s) runs %s", self.name, collective, nbytes, dtype, name)
         return name
 
-    def _plan(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype) -> str:
+    def _plan(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype, in_rank_order: bool) -> str:
         if (self._hierarchical and collective == "all_reduce" and algorithm in (None, "auto")
-                and self.settings.algorithm == "auto"):
+                and self.settings.algorithm == "auto" and not in_rank_order):
             return "hierarchical"
         return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
-                              transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile)
+                              transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile,
+                              in_rank_order=in_rank_order)
 
     def point_to_point(self, buffer: np.ndarray | None, peer: int | None, tag: int | None, sending: bool,
                        exact: bool = True) -> P2PWork:
@@ -190,50 +253,48 @@ class ProcessGroup:
     def _claim(self, collective: str) -> None:
         """Count a call in flight for this thread, or raise if it comes from a Work callback or while
         another thread's calls are in flight (see the module docstring)."""
-        me = threading.get_ident()
         with self._cv:
-            if me == self._threads[0].ident:
-                raise self._wrong_thread(collective, "from a Work callback, which runs on the group's progress "
-                                         "thread: a blocking call there would wait for itself. Issue it once the "
-                                         "work is done, from the thread that issued it")
-            if self._in_flight and self._issuer != me:
-                other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == self._issuer), "another")
-                self._conflict = self._wrong_thread(
-                    collective, f"from thread '{threading.current_thread().name}' while thread {other} has calls in "
-                    "flight on it: calls from two threads at once pair up in different orders on different ranks. "
-                    "Use a group from one thread at a time, or give each thread its own group (new_group())")
-                raise self._conflict
-            self._issuer = me
-            self._in_flight += 1
+            self._claim_locked(collective, threading.get_ident())
+
+    def _claim_locked(self, collective: str, me: int) -> None:
+        """:meth:`_claim` with ``self._cv`` held, for thread ``me``."""
+        if me == self._threads[0].ident:
+            raise self._wrong_thread(collective, "from a Work callback, which runs on the group's progress "
+                                     "thread: a blocking call there would wait for itself. Issue it once the "
+                                     "work is done, from the thread that issued it")
+        if self._in_flight and self._issuer != me:
+            other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == self._issuer), "another")
+            self._conflict = self._wrong_thread(
+                collective, f"from thread '{threading.current_thread().name}' while thread {other} has calls in "
+                "flight on it: calls from two threads at once pair up in different orders on different ranks. "
+                "Use a group from one thread at a time, or give each thread its own group (new_group())")
+            raise self._conflict
+        self._issuer = me
+        self._in_flight += 1
 
     def _release(self) -> None:
         with self._cv:
             self._in_flight -= 1
 
-    def _submit(self, call: Call, schedule: Schedule, buffers, after, async_op: bool) -> Work | None:
+    def _submit(self, call: Call, work, buffers, after, async_op: bool, queue: bool = False) -> Work | None:
+        """Run ``work`` (a schedule, or a lines plan and number) inline on an idle group, else queue it;
+        ``queue``: it is counted in flight and checked usable already, queue it."""
         with self._cv:
-            try:
-                self._check_usable()
-            except GroupBroken:
-                self._in_flight -= 1
-                raise
-            inline = not async_op and not self._busy and not self._queue
+            if not queue:
+                try:
+                    self._check_usable()
+                except GroupBroken:
+                    self._in_flight -= 1
+                    raise
+            inline = not queue and not async_op and not self._busy and not self._queue
             if inline:
                 self._busy = True
             else:
                 future: concurrent.futures.Future = concurrent.futures.Future()
-                self._queue.append((call, schedule, buffers, after, future))
+                self._queue.append((call, work, buffers, after, future))
                 self._cv.notify_all()
         if inline:
-            try:
-                self._execute(call, schedule, buffers, after)
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._in_flight -= 1
-                    if self._queue:  # wake the progress thread only when it has work
-                        self._cv.notify_all()
-            return None
+            return self._run_inline(call.seq, call, work, buffers, after)
         work = Work(future, f"rank {self.rank}/{self.size}: {call.collective} #{call.seq}", self._threads[0].ident)
         if async_op:
             return work
@@ -242,20 +303,36 @@ class ProcessGroup:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _execute(self, call: Call, schedule: Schedule, buffers, after) -> None:
+    def _run_inline(self, seq: int, call: Call, work, buffers, after) -> None:
+        """Run call ``seq`` in the caller's thread (the group was idle and is marked busy), then free the group."""
+        try:
+            self._execute(seq, call, work, buffers, after)
+        finally:
+            with self._lock:
+                self._busy = False
+                self._in_flight -= 1
+                if self._queue:  # wake the progress thread only when it has work
+                    self._cv.notify_all()
+
+    def _execute(self, seq: int, call: Call, work, buffers, after) -> None:
+        """Run call ``seq``: ``work`` is a schedule for the executor, or a lines plan and number (whose
+        ``call`` carries no ``seq``: it is made with the right one only for an error)."""
         if self._broken is not None:
             raise self._broken_error()
-        self._started = call
+        self._started = (seq, call)
         try:
-            self._executor.run(schedule, buffers, call, self.timeout, lambda: self._inspect(call), self._interval)
+            if type(work) is tuple:
+                work[0].run(buffers, work[1], seq, self.timeout, self._inspect_started, self._interval)
+            else:
+                self._executor.run(work, buffers, call, self.timeout, self._inspect_started, self._interval)
         except Interrupted as exc:
-            self._fail(exc, call)
+            self._fail(exc, seq, call)
             raise exc.__cause__ from None  # the caller's own exception, as it was raised
         except AllreduceError as exc:
-            raise self._fail(exc, call) from exc
+            raise self._fail(exc, seq, call) from exc
         if self._conflict is not None:  # another thread issued while this ran: its pairing cannot be trusted
-            raise self._fail(Mismatch(f"{call.collective} #{call.seq} overlapped a call from another thread: "
-                                      f"{self._conflict}"), call)
+            raise self._fail(Mismatch(f"{call.collective} #{seq} overlapped a call from another thread: "
+                                      f"{self._conflict}"), seq, call)
         if after is not None:
             after()
 
@@ -266,11 +343,11 @@ class ProcessGroup:
                     if self._stop.is_set() and not self._queue:
                         return
                     self._cv.wait()
-                call, schedule, buffers, after, future = self._queue.popleft()
+                call, work, buffers, after, future = self._queue.popleft()
                 self._busy = True
             try:
                 if future.set_running_or_notify_cancel():
-                    self._execute(call, schedule, buffers, after)
+                    self._execute(call.seq, call, work, buffers, after)
                     future.set_result(None)
             except BaseException as exc:  # delivered to whoever waits on the work
                 future.set_exception(exc)
@@ -283,12 +360,12 @@ class ProcessGroup:
     def _heartbeat_loop(self) -> None:
         published = None
         while not self._stop.wait(self._interval):
-            call = self._started
-            if call is not None and call is not published:
+            started = self._started
+            if started is not None and started is not published:
                 try:  # bounded: a frozen store host must hold neither this thread nor close()
-                    record = f"{call.seq}|{_describe(call)}".encode()
+                    record = f"{started[0]}|{_describe(started[1])}".encode()
                     self.store.within(STORE_GRACE).set(f"progress/{self.rank}", record)
-                    published = call
+                    published = started
                 except CommTimeout:  # a slow or frozen store host: try again at the next beat
                     continue
                 except Exception:  # the store may be gone at shutdown; the report is best effort
@@ -307,24 +384,27 @@ class ProcessGroup:
         """Every peer's :meth:`_peer_state`, read through ``store``: a bounded view of the group's."""
         return {rank: self._peer_state(store, rank) for rank in range(self.size) if rank != self.rank}
 
-    def _inspect(self, call: Call) -> None:
-        """While stuck in ``call``: raise :class:`Mismatch` if a peer is in a different collective #seq.
+    def _inspect_started(self) -> None:
+        """While stuck in the collective begun last: raise :class:`Mismatch` if a peer is in a different
+        collective #seq.
 
         What it saw is kept for the stall report, should the store be gone by the deadline.
         """
+        seq, call = self._started
         try:
             states = self._peer_states(self.store.within(self._interval))  # late by an interval at most
         except Exception:  # no store, no verdict: the collective still ends at its deadline
             return
-        self._seen = (call.seq, states)
+        self._seen = (seq, states)
         ours = _describe(call)
         for rank, state in states.items():
-            if state is not None and state[0] == call.seq and state[1] != ours:
-                raise Mismatch(f"rank {rank} called {state[1]} #{call.seq} while this rank called {ours} #{call.seq}")
+            if state is not None and state[0] == seq and state[1] != ours:
+                raise Mismatch(f"rank {rank} called a different collective or arguments: {state[1]} #{seq}, while "
+                               f"this rank called {ours} #{seq}")
 
     # ---- failure ---------------------------------------------------------------------------------
 
-    def _fail(self, exc: AllreduceError, call: Call) -> AllreduceError:
+    def _fail(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
         """Word the error for the user, break the group and tell the peers why.
 
         The reason the peers are told (ABORT frames, the store) starts with the error's kind, so that a
@@ -333,7 +413,7 @@ class ProcessGroup:
         text = f"rank {self.rank}/{self.size}: {exc}"
         store = self.store.within(STORE_GRACE)  # the whole report, even with the store's host frozen
         if isinstance(exc, CommTimeout):
-            text += self._stall_report(call, store)
+            text += self._stall_report(seq, call.collective, store)
         elif isinstance(exc, PeerLost) and " aborted: " not in text:
             text += self._peer_failure(getattr(exc, "peer", None), store)
         kind = Mismatch if isinstance(exc, PeerLost) and ": Mismatch: rank " in text else type(exc)
@@ -359,21 +439,21 @@ class ProcessGroup:
         except Exception:  # no store, no reason
             return ""
 
-    def _stall_report(self, call: Call, store) -> str:
-        """Which ranks have not reached collective ``call.seq``, from their heartbeats in ``store``."""
+    def _stall_report(self, seq: int, collective: str, store) -> str:
+        """Which ranks have not reached collective #``seq``, from their heartbeats in ``store``."""
         try:
             states = self._peer_states(store)
         except Exception:  # the store is gone (its host may have failed first): the last inspection's view
-            states = self._seen[1] if self._seen[0] == call.seq else {}
+            states = self._seen[1] if self._seen[0] == seq else {}
         behind = []
         for rank, state in states.items():
             if state is None:
                 behind.append(f"{rank} (no collective yet)")
-            elif state[0] < call.seq:
+            elif state[0] < seq:
                 behind.append(f"{rank} (last at {state[1]} #{state[0]})")
         if not behind:
             return ""
-        return f"; ranks that have not reached {call.collective} #{call.seq}: " + ", ".join(behind)
+        return f"; ranks that have not reached {collective} #{seq}: " + ", ".join(behind)
 
     def _wrong_thread(self, collective: str, why: str) -> RuntimeError:
         return RuntimeError(f"rank {self.rank}/{self.size}: {collective} on process group '{self.name}' {why}")
@@ -402,6 +482,7 @@ class ProcessGroup:
                 thread.join()
         with self._cv:
             self._closed = True
+        self._plans.clear()
         if self.p2p is not None:
             self.p2p.close()
         self._executor.transport.close()

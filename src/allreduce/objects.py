@@ -12,21 +12,24 @@ import pickle
 
 import numpy as np
 
+from typing import Any
+
 from . import uneven
-from .api import resolve_group
+from .api import Group, resolve_group
+from .group import ProcessGroup
 
 
-def dumps(obj) -> np.ndarray:
+def dumps(obj: object) -> np.ndarray:
     """``obj`` pickled, as a uint8 array."""
     return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
 
 
-def loads(block: np.ndarray):
+def loads(block: np.ndarray) -> Any:
     """The object pickled in ``block`` (uint8)."""
     return pickle.loads(block.tobytes())
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: Group = None) -> None:
     """Replace ``object_list``'s items with those of rank ``src``; lists must be as long on every rank.
 
     Example (two ranks)::
@@ -42,7 +45,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     object_list[:] = got
 
 
-def all_gather_object(object_list: list, obj, group=None) -> None:
+def all_gather_object(object_list: list[Any], obj: object, group: Group = None) -> None:
     """Set ``object_list[i]`` to rank i's ``obj`` on every rank; ``object_list`` holds one item per rank.
 
     Example (two ranks)::
@@ -55,7 +58,8 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     uneven.all_gather(g, dumps(obj), lambda blocks: _fill(object_list, blocks))
 
 
-def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
+def gather_object(obj: object, object_gather_list: list[Any] | None = None, dst: int = 0,
+                  group: Group = None) -> None:
     """Set ``object_gather_list[i]`` to rank i's ``obj`` on rank ``dst``; other ranks pass ``None``."""
     g = resolve_group(group)
     _check_root(dst, g, "dst")
@@ -63,11 +67,11 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, gro
         _check_length(object_gather_list, g.size, "object_gather_list")
     elif object_gather_list is not None:
         raise ValueError(f"object_gather_list must be None on ranks other than dst={dst}")
-    uneven.gather(g, dumps(obj), dst, lambda blocks: _fill(object_gather_list, blocks))
+    uneven.gather(g, dumps(obj), dst, lambda blocks: _fill(object_gather_list or [], blocks))
 
 
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int = 0, group=None) -> None:
+def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None,
+                        src: int = 0, group: Group = None) -> None:
     """Rank ``src`` sends ``scatter_object_input_list[r]`` to rank r, which stores it as
     ``scatter_object_output_list[0]``; other ranks pass no input list.
     """
@@ -78,20 +82,20 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     blocks = None
     if g.rank == src:
         _check_length(scatter_object_input_list, g.size, "scatter_object_input_list")
-        blocks = [dumps(obj) for obj in scatter_object_input_list]
+        blocks = [dumps(obj) for obj in scatter_object_input_list or []]
     scatter_object_output_list[0] = loads(uneven.scatter(g, blocks, src))
 
 
-def _fill(objects: list, blocks: list[np.ndarray]) -> None:
+def _fill(objects: list[Any], blocks: list[np.ndarray]) -> None:
     objects[:] = [loads(block) for block in blocks]
 
 
-def _check_length(objects, size: int, name: str) -> None:
+def _check_length(objects: list[Any] | None, size: int, name: str) -> None:
     if not isinstance(objects, list) or len(objects) != size:
         raise ValueError(f"{name} must be a list of one item per rank ({size}), "
                          f"got {None if objects is None else len(objects)}")
 
 
-def _check_root(root, g, name: str) -> None:
+def _check_root(root: int, g: ProcessGroup, name: str) -> None:
     if not isinstance(root, (int, np.integer)) or not 0 <= root < g.size:
         raise ValueError(f"{name}={root!r} is not a rank of this group (0..{g.size - 1})")

@@ -58,10 +58,10 @@ def allowed_ops(dtype: np.dtype) -> frozenset[ReduceOp]:
     return frozenset(_ARITHMETIC | _ORDERED | {ReduceOp.AVG})  # floats, float16, bfloat16
 
 
-def check_op(op, dtype) -> ReduceOp:
+def check_op(op: object, dtype: np.dtype) -> ReduceOp:
     """Return ``op`` as a :class:`ReduceOp`, or raise ``TypeError`` if it makes no sense for ``dtype``."""
     try:
-        op = ReduceOp(op)
+        op = ReduceOp(op)  # type: ignore[arg-type]  # anything ReduceOp accepts: a member or its value
     except ValueError:
         raise TypeError(f"unknown reduce op {op!r}; use one of {', '.join(o.name for o in ReduceOp)}") from None
     if op not in allowed_ops(dtype):

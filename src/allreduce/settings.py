@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .logs import LEVELS
+
 DEFAULT_TIMEOUT = 600.0  # seconds: rendezvous, store waits and collectives, unless the caller says otherwise
 TRANSPORTS = ("auto", "shm", "tcp")
 
@@ -31,12 +33,25 @@ class Settings:
     host_id: str = ""  # ALLREDUCE_HOST_ID: which host this rank is on ("": read from the kernel)
     timeline: str = ""  # ALLREDUCE_TIMELINE: write a Chrome trace of every collective to this path
     profile: str = ""  # ALLREDUCE_PROFILE: the cost profile the planner reads ("": the user's cache)
+    debug: str = ""  # ALLREDUCE_DEBUG: log to stderr: WARN, INFO or DETAIL ("": as the application set logging)
+    deterministic: str = ""  # ALLREDUCE_DETERMINISTIC: "1" reduces in rank order, the same bits every run
+    tls_cert: str = ""  # ALLREDUCE_TLS_CERT: this rank's certificate (PEM); with the next two, TLS on every TCP link
+    tls_key: str = ""  # ALLREDUCE_TLS_KEY: its private key (PEM)
+    tls_ca: str = ""  # ALLREDUCE_TLS_CA: the CA that must have signed every peer's certificate (PEM)
 
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ValueError(f"ALLREDUCE_TRANSPORT={self.transport!r} is not one of {', '.join(TRANSPORTS)}")
         if not self.algorithm:
             raise ValueError("ALLREDUCE_ALGO is empty; unset it or name an algorithm (see `allreduce plan`)")
+        if self.debug.upper() not in LEVELS:
+            raise ValueError(f"ALLREDUCE_DEBUG={self.debug!r} is not one of {', '.join(k for k in LEVELS if k)}")
+        if self.deterministic not in ("", "0", "1"):
+            raise ValueError(f"ALLREDUCE_DETERMINISTIC={self.deterministic!r} is not 0 or 1")
+        tls = {"ALLREDUCE_TLS_CERT": self.tls_cert, "ALLREDUCE_TLS_KEY": self.tls_key, "ALLREDUCE_TLS_CA": self.tls_ca}
+        if any(tls.values()) and not all(tls.values()):
+            raise ValueError(f"TLS needs all of ALLREDUCE_TLS_CERT, ALLREDUCE_TLS_KEY and ALLREDUCE_TLS_CA; "
+                             f"{', '.join(name for name, value in tls.items() if not value)} not set")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -60,4 +75,12 @@ VARIABLES = (  # (variable, Settings field, meaning), for the docs and for error
     ("ALLREDUCE_HOST_ID", "host_id", "which host this rank is on, to group ranks by hand"),
     ("ALLREDUCE_TIMELINE", "timeline", "write a Chrome trace of every collective to this path"),
     ("ALLREDUCE_PROFILE", "profile", "the cost profile written by `allreduce tune`"),
+    ("ALLREDUCE_DEBUG", "debug", "log to stderr, tagged with the rank: WARN, INFO (rendezvous, transports, "
+     "algorithms) or DETAIL (also every collective's fingerprint and time)"),
+    ("ALLREDUCE_DETERMINISTIC", "deterministic", "1: sums, averages and products return the same bits "
+     "every run (the left fold over ranks in rank order)"),
+    ("ALLREDUCE_TLS_CERT", "tls_cert", "this rank's certificate (PEM file): with the next two, the store and "
+     "every TCP link use mutually authenticated TLS 1.3"),
+    ("ALLREDUCE_TLS_KEY", "tls_key", "the certificate's private key (PEM file)"),
+    ("ALLREDUCE_TLS_CA", "tls_ca", "the CA (PEM file) that must have signed every rank's certificate"),
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Topology:
     local_size: int  # ranks on this rank's host
     cross_rank: int  # index of this rank's host among the hosts that have a rank ``local_rank``
     cross_size: int  # hosts that have a rank ``local_rank``
-    hosts: tuple  # tuple[tuple[int, ...], ...]: each host's group ranks, ascending; hosts by lowest rank
+    hosts: tuple[tuple[int, ...], ...]  # each host's group ranks, ascending; hosts by lowest rank
 
     @property
     def host(self) -> int:
@@ -71,7 +72,7 @@ def from_host_ids(rank: int, ids: list[str]) -> Topology:
     return Topology(rank, len(ids), local_rank, len(mine), cross.index(rank), len(cross), hosts)
 
 
-def discover(store, rank: int, size: int, timeout: float, forced_host: str = "") -> Topology:
+def discover(store: Any, rank: int, size: int, timeout: float, forced_host: str = "") -> Topology:
     """Publish this rank's host identity (``forced_host`` if given) in ``store`` and build the topology
     from everyone's.
 

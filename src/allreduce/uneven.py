@@ -20,6 +20,7 @@ import numpy as np
 
 from .buffers import flat
 from .ops import ReduceOp
+from .work import Work
 
 HEADER = 8  # bytes of each slot that hold the block's length
 BYTE = np.dtype(np.uint8)
@@ -93,7 +94,7 @@ def place(received: list[np.ndarray], out: np.ndarray, counts, displs, who: str)
 
 
 def all_to_all_single(g, output: np.ndarray, input: np.ndarray, output_split_sizes, input_split_sizes,
-                      async_op: bool = False, algorithm: str | None = None):
+                      async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """torch's ``all_to_all_single`` with splits: rows of dim 0 per rank (``None``: equal rows).
 
     Raises:

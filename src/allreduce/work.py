@@ -16,7 +16,7 @@ class Work:
         work.wait()          # x now holds the sum on both ranks
     """
 
-    def __init__(self, future: concurrent.futures.Future, what: str, completer: int | None = None):
+    def __init__(self, future: concurrent.futures.Future[None], what: str, completer: int | None = None):
         self._future = future
         self._what = what
         self._completer = completer  # ident of the thread that completes it, which must never wait for it
@@ -38,16 +38,18 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        """Whether the collective has finished, successfully or not; never blocks."""
         return self._future.done()
 
     def is_success(self) -> bool:
+        """Whether the collective has finished without an error; never blocks."""
         return self._future.done() and self._future.exception() is None
 
     def exception(self) -> BaseException | None:
         """The error the collective failed with, ``None`` while running or after success."""
         return self._future.exception() if self._future.done() else None
 
-    def get_future(self) -> concurrent.futures.Future:
+    def get_future(self) -> concurrent.futures.Future[None]:
         """A ``concurrent.futures.Future`` resolved when the collective completes."""
         return self._future
 

@@ -89,7 +89,7 @@ def test_command_line_defaults_and_errors(capsys):
     assert (options.min_bytes, options.max_bytes, options.algorithms) == (8, 65536, ("ring", "tree"))
     assert options.collectives == ("all_reduce",) and options.iters == 20 and options.warmup == 5
     assert bench.options_from_args(_parse(["--collective", "all"])).collectives == bench.COLLECTIVES
-    bad = ((["-b", "1Q"], "not a size"), (["-f", "1"], "at least 2"), (["--dtype", "float8"], "invalid choice"))
+    bad = ((["-b", "1Q"], "not a size"), (["-f", "1"], "at least 2"), (["--dtype", "float8"], "unknown dtype 'float8'"))
     for argv, match in bad:
         with pytest.raises(SystemExit) as exit_info:
             _parse(argv)

@@ -35,11 +35,7 @@ def _killed(victim: int):
     return body
 
 
-TCP_GAP = pytest.mark.xfail(reason="TCP: a rank that aborts mid-frame sends no ABORT, its close resets the link, "
-                                   "and the store may be gone with rank 0 (see the report on issue 10, item 9)")
-
-
-@pytest.mark.parametrize("transport", [pytest.param("tcp", marks=TCP_GAP), "auto"])
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
 @pytest.mark.parametrize("size,victim", [(4, 0), (4, 2), (5, 0), (5, 2)])
 def test_every_survivor_names_the_killed_rank(size, victim, transport):
     results = run_ranks(_killed(victim), size, timeout=20, deadline=60, expect_errors=True,

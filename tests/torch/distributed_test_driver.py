@@ -62,9 +62,6 @@ SKIPPED = {
     "test_monitored_barrier_allreduce_hang_wait_all_ranks": "as test_monitored_barrier_gloo",
     "test_monitored_barrier_failure_order": "as test_monitored_barrier_gloo",
     "test_monitored_barrier_wait_all_ranks": "as test_monitored_barrier_gloo",
-    "test_send_recv_any_source": "receive from any source needs the group's point-to-point queue (issue 11)",
-    "test_send_recv_any_source_autograd_profiler": "as test_send_recv_any_source",
-    "test_send_recv_any_source_torch_profiler": "as test_send_recv_any_source",
 }
 
 # The share CI runs (a few minutes): one test of each kind of call torch makes of a backend.

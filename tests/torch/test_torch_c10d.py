@@ -61,6 +61,27 @@ def test_coalescing_with_and_without_a_device():
         assert got == [[3.0] * 2, [30.0] * 3, [2.0], [4.0, 4.0], [0.0, 0.0, 1.0, 1.0]]
 
 
+def test_a_blocking_call_returns_a_finished_work_and_an_async_one_finishes_on_wait():
+    def fn(rank, size):
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        blocking = dist.AllreduceOptions()
+        blocking.asyncOp = False  # what dist.all_reduce(t) passes
+        t = torch.full((3,), rank + 1.0)
+        work = backend.allreduce([t], blocking)
+        at_once = (work.is_completed(), t.tolist())  # before any wait: it ran in this thread
+        value = work.get_future().wait()[0].tolist()
+        strided = torch.arange(6.0).reshape(2, 3).t() * (rank + 1)  # not contiguous: staged, copied back
+        dist.all_reduce(strided, op=dist.ReduceOp.MAX)
+        pending = dist.all_reduce(u := torch.full((2,), 10.0 * rank), async_op=True)
+        pending.wait()
+        return at_once, value, strided.tolist(), u.tolist()
+
+    for at_once, value, strided, u in run_torch_ranks(fn, 2):
+        assert at_once == (True, [3.0] * 3) and value == [3.0] * 3
+        assert strided == (torch.arange(6.0).reshape(2, 3).t() * 2).tolist()
+        assert u == [10.0, 10.0]
+
+
 def test_a_receive_reports_its_source():
     def fn(rank, size):
         t = torch.full((2,), float(rank))
@@ -72,6 +93,26 @@ def test_a_receive_reports_its_source():
         return work._source_rank(), t.tolist()
 
     assert run_torch_ranks(fn, 2)[1] == (0, [5.0, 5.0])
+
+
+def test_a_receive_from_any_source_reports_the_sender_in_global_ranks():
+    def fn(rank, size):
+        sub = dist.new_group([0, 2])  # group rank 1 is global rank 2
+        if rank:
+            dist.send(torch.full((3,), 10.0 * rank), dst=0, tag=7)
+            if rank == 2:
+                dist.send(torch.full((3,), 99.0), dst=0, group=sub)
+            return None
+        t, u, v = torch.zeros(3), torch.zeros(3), torch.zeros(3)
+        first = dist.recv(t, tag=7)
+        work = dist.irecv(u, tag=7)
+        work.wait()
+        from_sub = dist.recv(v, group=sub)
+        return sorted([(first, t.tolist()), (work._source_rank(), u.tolist())]), (from_sub, v.tolist())
+
+    senders, from_sub = run_torch_ranks(fn, 3)[0]
+    assert senders == [(1, [10.0] * 3), (2, [20.0] * 3)]
+    assert from_sub == (2, [99.0] * 3)
 
 
 def test_sparse_all_reduce_sums_like_gloo():

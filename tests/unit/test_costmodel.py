@@ -191,7 +191,7 @@ def test_plan_prints_every_algorithm_and_the_choice(capsys, tmp_path):
     out = capsys.readouterr().out
     for name in algorithms.names("all_reduce"):
         assert name in out
-    choice = next(line for line in out.splitlines() if line.startswith("# auto picks:")).split()[3]
+    choice = next(line for line in out.splitlines() if line.startswith("# auto runs:")).split()[3]
     assert choice in algorithms.names("all_reduce")
 
 
@@ -206,3 +206,24 @@ def test_tune_measures_and_stores_a_profile(tmp_path):
     assert 0 < link.alpha < 0.01 and 0 < link.beta < 1e-7 and 1 <= link.duplex <= 2
     assert profile.gamma_for("float64") > 0 and "cpus" in profile.machine
     assert "tcp intra-host" in done.stdout
+
+
+def test_plan_explains_its_choice_in_one_line(capsys):
+    assert cli.main(["plan", "--size", "8", "-n", "4", "--cores", "0"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "per-message latency" in line and ".py" not in line
+    assert cli.main(["plan", "--size", "256MiB", "-n", "4", "--cores", "0"]) == 0
+    assert "moving and reducing bytes" in capsys.readouterr().out.splitlines()[-1]
+    assert cli.main(["plan", "--size", "16MiB", "-n", "4", "--deterministic"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("# auto runs: ordered (")
+    assert cli.main(["plan", "--size", "16MiB", "-n", "8", "--hosts", "2"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("# auto runs: hierarchical (") and "across the 2 hosts" in line
+
+
+def test_explain_names_the_runner_up_and_how_much_slower_it_is():
+    network = costmodel.DEFAULT.network()
+    line = costmodel.explain("all_reduce", 1 << 20, 4, network)
+    choice = costmodel.best("all_reduce", 1 << 20, 4, network)
+    assert line.startswith(f"{choice} (") and ("faster than" in line or "as fast as" in line)
+    assert costmodel.explain("all_reduce", 1 << 20, 4, network, candidates=("ordered",)).startswith("ordered (")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.numeric import Numeric
 
 from allreduce import collectives
 from allreduce.algorithms import ALGORITHMS, get, names
 from allreduce.algorithms.double_tree import trees
-from allreduce.algorithms.schedule import Copy, Recv, Send
+from allreduce.algorithms.schedule import Recv, Send
 from allreduce.algorithms.verify import walk
 
 POWERS = [1, 2, 4, 8, 16]
@@ -114,28 +115,6 @@ def test_double_tree_halves_the_forwarding():
 
 
 # --- same bits on every rank, with real floats ----------------------------------------------------
-
-
-class Numeric:
-    """A walker model with real numpy buffers and a SUM, to see the bits each rank ends with."""
-
-    def __init__(self, buffers):
-        self.buffers = buffers
-
-    def copy(self, rank, op: Copy):
-        self.view(rank, op.dst)[:] = self.view(rank, op.src)
-
-    def read(self, rank, src):
-        return self.view(rank, src).copy()
-
-    def receive(self, rank, op: Recv, payload):
-        if op.reduce is None:
-            self.view(rank, op.dst)[:] = payload
-        else:
-            np.add(self.view(rank, op.reduce), payload, out=self.view(rank, op.dst))
-
-    def view(self, rank, reg):
-        return self.buffers[rank][reg.buf][reg.start:reg.stop]
 
 
 @pytest.mark.parametrize("name", names("all_reduce"))

@@ -15,7 +15,9 @@ def test_unset_and_empty_variables_keep_the_defaults():
 
 def test_every_variable_lands_in_its_field():
     environ = {"ALLREDUCE_ALGO": "ring", "ALLREDUCE_TRANSPORT": "tcp", "ALLREDUCE_ADDR": "10.0.0.2",
-               "ALLREDUCE_HOST_ID": "node7", "ALLREDUCE_TIMELINE": "t.json", "ALLREDUCE_PROFILE": "p.json"}
+               "ALLREDUCE_HOST_ID": "node7", "ALLREDUCE_TIMELINE": "t.json", "ALLREDUCE_PROFILE": "p.json",
+               "ALLREDUCE_DEBUG": "INFO", "ALLREDUCE_TLS_CERT": "c.pem", "ALLREDUCE_TLS_KEY": "k.pem",
+               "ALLREDUCE_TLS_CA": "ca.pem", "ALLREDUCE_DETERMINISTIC": "1"}
     settings = Settings.from_env(environ)
     assert {field: getattr(settings, field) for _, field, _ in VARIABLES} == \
         {field: environ[name] for name, field, _ in VARIABLES}

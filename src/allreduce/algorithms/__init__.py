@@ -24,8 +24,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .. import collectives
-from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, pairwise, rabenseifner,
-               recursive_doubling, recursive_halving, ring, tree)
+from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, ordered, pairwise,
+               rabenseifner, recursive_doubling, recursive_halving, ring, tree)
 from .schedule import Schedule
 
 
@@ -44,6 +44,10 @@ class Algorithm:
     needs: tuple[str, ...] = ()  # options the caller must supply from the group: "hosts" (each host's ranks)
     shift_invariant: bool = False  # with its default options, every rank is rank 0 rotated: the simulator times a cell
     one_chunk_per_rank: bool = False  # cuts ``count`` into one chunk per rank (a cell rounds it up)
+    in_rank_order: bool = False  # reduces every element as the left fold over ranks in rank order, at any size
+    # (size, count, **options) -> [(parents, depths, chunk bounds)]: the pipelined trees it runs (``tree.py``),
+    # which the simulator times without building every rank's schedule
+    trees: Callable[..., list] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -63,17 +67,23 @@ _CHUNK = {"chunk": tree.DEFAULT_CHUNK}
 ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("all_reduce", "ring", ring.all_reduce, ring.all_reduce_cost,
               shift_invariant=True, one_chunk_per_rank=True),
-    Algorithm("all_reduce", "tree", tree.all_reduce, tree.all_reduce_cost, _CHUNK),
+    Algorithm("all_reduce", "tree", tree.all_reduce, tree.all_reduce_cost, _CHUNK, trees=tree.pipelines),
     Algorithm("all_reduce", "reduce_bcast", binomial.all_reduce, binomial.all_reduce_cost),
     Algorithm("all_reduce", "recursive_doubling", recursive_doubling.all_reduce, recursive_doubling.all_reduce_cost),
     Algorithm("all_reduce", "rabenseifner", rabenseifner.all_reduce, rabenseifner.all_reduce_cost),
-    Algorithm("all_reduce", "double_tree", double_tree.all_reduce, double_tree.all_reduce_cost, _CHUNK),
+    Algorithm("all_reduce", "double_tree", double_tree.all_reduce, double_tree.all_reduce_cost, _CHUNK,
+              trees=double_tree.pipelines),
     Algorithm("all_reduce", "direct", direct.all_reduce, direct.all_reduce_cost,
               shift_invariant=True, one_chunk_per_rank=True),
     # invariant under a shift by one host
     Algorithm("all_reduce", "hierarchical", hierarchical.all_reduce, hierarchical.all_reduce_cost,
               {"cross": hierarchical.DEFAULT_CROSS}, needs=("hosts",), shift_invariant=True, one_chunk_per_rank=True),
+    # its messages are invariant under a shift (only its slots and the order of its fold depend on the rank)
+    Algorithm("all_reduce", "ordered", ordered.all_reduce, ordered.all_reduce_cost, shift_invariant=True,
+              one_chunk_per_rank=True, in_rank_order=True),
     Algorithm("reduce", "binomial", binomial.reduce, binomial.reduce_cost),
+    Algorithm("reduce", "ordered", ordered.reduce, ordered.all_reduce_cost, one_chunk_per_rank=True,
+              in_rank_order=True),
     Algorithm("broadcast", "binomial", binomial.broadcast, binomial.broadcast_cost),
     Algorithm("broadcast", "pipeline", chain.broadcast, chain.broadcast_cost, {"chunk": chain.DEFAULT_CHUNK}),
     Algorithm("all_gather", "ring", ring.all_gather, ring.all_gather_cost, shift_invariant=True),
@@ -85,6 +95,8 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("reduce_scatter", "recursive_halving", recursive_halving.reduce_scatter,
               recursive_halving.reduce_scatter_cost),
     Algorithm("reduce_scatter", "direct", direct.reduce_scatter, direct.reduce_scatter_cost, shift_invariant=True),
+    Algorithm("reduce_scatter", "ordered", ordered.reduce_scatter, ordered.reduce_scatter_cost, shift_invariant=True,
+              in_rank_order=True),
     Algorithm("all_to_all", "pairwise", pairwise.all_to_all, pairwise.all_to_all_cost, shift_invariant=True),
     Algorithm("all_to_all", "bruck", bruck.all_to_all, bruck.all_to_all_cost, shift_invariant=True),
     Algorithm("gather", "binomial", binomial.gather, binomial.gather_cost),
@@ -108,6 +120,12 @@ DEFAULTS: dict[str, str] = {
     "scatter": "binomial",
     "barrier": "dissemination",
 }
+
+
+def in_rank_order(collective: str, size: int) -> tuple[str, ...]:
+    """The algorithms of ``collective`` that reduce in rank order on ``size`` ranks: those that always do,
+    and on two ranks every one (a sum or product of two terms is the same in either order)."""
+    return tuple(a.name for a in _algorithms(collective).values() if a.in_rank_order or size <= 2)
 
 
 def names(collective: str) -> tuple[str, ...]:

@@ -114,6 +114,14 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0, chunk: int = 
     return Schedule(without_empty(steps))
 
 
+def pipelines(size: int, count: int, *, root: int = 0, chunk: int = DEFAULT_CHUNK) -> list[tuple]:
+    """The two pipelined trees :func:`all_reduce` runs, as ``tree.pipelines`` describes one."""
+    halves = chunk_bounds(count, 2)
+    return [(tuple(-1 if p is None else p for p in tree.parent), tree.depth,
+             tuple(halves[t] + b for b in pipeline_bounds(halves[t + 1] - halves[t], chunk)))
+            for t, tree in enumerate(trees(size))]
+
+
 def all_reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float, *,
                     chunk_bytes: float | None = None) -> float:
     """Predicted seconds of :func:`all_reduce` on ``n`` ranks for ``m`` bytes (see the module docstring).

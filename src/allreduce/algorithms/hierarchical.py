@@ -101,7 +101,7 @@ def _moved(op, group: list[int], offset: int):
         return Send(group[op.peer], shift(op.src))
     if isinstance(op, Recv):
         return Recv(group[op.peer], shift(op.dst), shift(op.reduce))
-    return Copy(shift(op.src), shift(op.dst))
+    return Copy(shift(op.src), shift(op.dst), shift(op.reduce))
 
 
 def all_reduce_cost(n: int, m: float, alpha: float, beta: float, gamma: float) -> float:

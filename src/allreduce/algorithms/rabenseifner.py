@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from .cost import log2_floor
 from .fold import fold, folded_partner, framed, halving, real, sitting_out, virtual
-from .schedule import Recv, Region, Schedule, Send, check_call, chunk_bounds, without_empty
+from .schedule import Recv, Region, Schedule, Send, check_call, without_empty
 
 
 @lru_cache(maxsize=1024)
@@ -56,10 +56,9 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     v = virtual(rank, size)
     if v is None:
         return sitting_out(folded_partner(rank, size), whole, whole, 2 * log2_floor(p))
-    bounds = chunk_bounds(count, p)
 
-    def blocks(window: tuple[int, int]) -> Region:
-        return Region("data", bounds[window[0]], bounds[window[1]])
+    def blocks(window: tuple[int, int]) -> Region:  # block boundaries as chunk_bounds(count, p) has them
+        return Region("data", window[0] * count // p, window[1] * count // p)
 
     rounds = [(real(peer, size), blocks(keep), blocks(give)) for peer, keep, give in halving(v, p, largest_first=False)]
     steps = [[Send(peer, give), Recv(peer, keep, reduce=keep)] for peer, keep, give in rounds]

@@ -60,13 +60,13 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     """
     check_call(rank, size, count, root)
     bounds = chunk_bounds(count, size)
+    chunks = [region("data", bounds, i) for i in range(size)]
     right, left = _neighbours(rank, size)
     steps = []
     for out, into in _reduce_scatter_chunks(rank, size):
-        dst = region("data", bounds, into)
-        steps.append((Send(right, region("data", bounds, out)), Recv(left, dst, reduce=dst)))
+        steps.append((Send(right, chunks[out]), Recv(left, chunks[into], reduce=chunks[into])))
     for out, into in _all_gather_chunks(rank, size):
-        steps.append((Send(right, region("data", bounds, out)), Recv(left, region("data", bounds, into))))
+        steps.append((Send(right, chunks[out]), Recv(left, chunks[into])))
     return Schedule(without_empty(steps))
 
 

@@ -12,10 +12,11 @@ Buffers are named, and a region is a slice of one of them, in elements:
 - ``tmp``: scratch the schedule asks for (``Schedule.tmp`` elements), e.g. to accumulate a reduce on a
   non-root rank without touching its input.
 
-A step runs in three phases: its copies, in order; then all its sends and receives at once (full
-duplex: a rank may send to and receive from the same peer in one step); then the step is over when
-every one of them is. A receive either copies the incoming segment over ``dst`` or combines it:
-``dst = reduce (op) incoming``, where ``reduce`` is usually ``dst`` itself (accumulate in place).
+A step runs in three phases: its copies (plain or reducing), in order; then all its sends and
+receives at once (full duplex: a rank may send to and receive from the same peer in one step); then
+the step is over when every one of them is. A receive either copies the incoming segment over
+``dst`` or combines it: ``dst = reduce (op) incoming``, where ``reduce`` is usually ``dst`` itself
+(accumulate in place).
 
 Matching is positional: the k-th send from p to q in step s meets the k-th receive from p on q in
 step s, and both must have the same length. The verifier (``verify.py``) checks this for every rank
@@ -69,10 +70,16 @@ class Recv:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """Copy ``src`` over ``dst`` on this rank, before the step's messages."""
+    """Copy ``src`` over ``dst`` on this rank, before the step's messages; or, with ``reduce`` set,
+    combine: ``dst = reduce (op) src``, the accumulator on the left (``reduce`` and ``src`` may each be
+    ``dst`` itself, but neither may partly overlap it).
+
+    Reducing copies are how a schedule fixes the order of a reduction (``ordered.py``).
+    """
 
     src: Region
     dst: Region
+    reduce: Region | None = None
 
 
 Op = Union[Send, Recv, Copy]
@@ -113,12 +120,12 @@ def region(buf: str, bounds: list[int], i: int) -> Region:
 
 
 def without_empty(steps) -> tuple:
-    """Drop zero-length sends/receives/copies but keep every step, so step indices stay aligned."""
-    return tuple(tuple(op for op in step if _length(op)) for step in steps)
+    """Drop zero-length sends/receives/copies but keep every step, so step indices stay aligned.
 
-
-def _length(op: Op) -> int:
-    return (op.src if isinstance(op, (Send, Copy)) else op.dst).count
+    (Written for speed: the simulator builds schedules for tens of thousands of ranks.)
+    """
+    return tuple(tuple([op for op in step if (r := op.dst if type(op) is Recv else op.src).stop != r.start])
+                 for step in steps)
 
 
 def check_call(rank: int, size: int, count: int, root: int = 0) -> None:

@@ -64,6 +64,14 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0, chunk: int = 
     return Schedule(without_empty(pipeline_steps(parent, children, _depth(rank), _depth(size - 1), bounds)))
 
 
+def pipelines(size: int, count: int, *, root: int = 0, chunk: int = DEFAULT_CHUNK) -> list[tuple]:
+    """The one pipelined tree :func:`all_reduce` runs, as ``[(parents, depths, bounds)]``: each rank's
+    parent (-1 at the root) and depth, and the chunks' boundaries; enough to time it without building
+    every rank's schedule (the simulator does, for thousands of ranks)."""
+    return [(tuple((r - 1) // 2 for r in range(size)), tuple(_depth(r) for r in range(size)),
+             tuple(pipeline_bounds(count, chunk)))]
+
+
 def pipeline_steps(parent: int | None, children: list[int], depth: int, top: int, bounds: list[int]) -> list[list]:
     """One rank's steps of the pipelined reduce-then-broadcast above, over any tree.
 

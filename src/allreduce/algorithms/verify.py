@@ -139,8 +139,9 @@ def check_step(rank: int, ops: tuple, sizes: dict[str, int], world: int) -> None
         for reg in _regions(op):
             if reg.buf not in BUFFERS or not 0 <= reg.start <= reg.stop <= sizes.get(reg.buf, 0):
                 raise ScheduleError(f"{_fmt(reg)} is outside its buffer ({sizes.get(reg.buf, 0)} elements)")
-        if isinstance(op, Copy) and (op.src.count != op.dst.count or op.src.overlaps(op.dst)):
-            raise ScheduleError(f"copy {_fmt(op.src)} -> {_fmt(op.dst)} differs in length or overlaps")
+        if isinstance(op, Copy) and not _copy_ok(op):
+            raise ScheduleError(f"copy {_fmt(op.src)} -> {_fmt(op.dst)}{_with(op.reduce)} differs in length or "
+                                "partly overlaps")
     recvs = [op for op in ops if isinstance(op, Recv)]
     reads = [op.src for op in ops if isinstance(op, Send)]
     for i, a in enumerate(recvs):
@@ -180,20 +181,26 @@ class Symbolic:
 
     def copy(self, rank: int, op: Copy) -> None:
         index, counts, _ = self.read(rank, op.src)
+        if op.reduce is not None:
+            index, counts = self._combined(rank, op.reduce, index, counts, "itself")
         self._store(rank, op.dst, index, counts)
 
     def receive(self, rank: int, op: Recv, payload: tuple[np.ndarray, np.ndarray, int]) -> None:
         index, counts, heard = payload
         if op.reduce is not None:
-            acc_index, acc_counts, _ = self.read(rank, op.reduce)
-            clash = np.flatnonzero(acc_index != index)
-            if clash.size:
-                i = clash[0]
-                raise ScheduleError(f"reduces element {index[i]} from rank {op.peer} with element "
-                                    f"{acc_index[i]} at {op.reduce.buf}[{op.reduce.start + i}]")
-            counts = counts + acc_counts
+            index, counts = self._combined(rank, op.reduce, index, counts, f"rank {op.peer}")
         self._store(rank, op.dst, index, counts)
         self.heard[rank] |= heard
+
+    def _combined(self, rank: int, acc: Region, index: np.ndarray, counts: np.ndarray, source: str):
+        """``(index, counts)`` of ``acc`` reduced with the given elements (from ``source``)."""
+        acc_index, acc_counts, _ = self.read(rank, acc)
+        clash = np.flatnonzero(acc_index != index)
+        if clash.size:
+            i = clash[0]
+            raise ScheduleError(f"reduces element {index[i]} from {source} with element "
+                                f"{acc_index[i]} at {acc.buf}[{acc.start + i}]")
+        return index, counts + acc_counts
 
     def _slice(self, rank: int, reg: Region) -> tuple[np.ndarray, np.ndarray]:
         index, counts = self.buffers[rank][reg.buf]
@@ -338,7 +345,19 @@ def _describe(index: int, counts: np.ndarray) -> str:
 def _regions(op) -> list[Region]:
     if isinstance(op, Recv):
         return [op.dst] + ([op.reduce] if op.reduce is not None else [])
-    return [op.src] if isinstance(op, Send) else [op.src, op.dst]
+    return [op.src] if isinstance(op, Send) else [op.src, op.dst] + ([op.reduce] if op.reduce is not None else [])
+
+
+def _copy_ok(op: Copy) -> bool:
+    """A plain copy's regions have one length and do not overlap; a reducing copy's ``src`` and
+    ``reduce`` have ``dst``'s length and are each ``dst`` itself or apart from it."""
+    if op.reduce is None:
+        return op.src.count == op.dst.count and not op.src.overlaps(op.dst)
+    return all(r.count == op.dst.count and (r == op.dst or not r.overlaps(op.dst)) for r in (op.src, op.reduce))
+
+
+def _with(reg: Region | None) -> str:
+    return "" if reg is None else f" (reducing with {_fmt(reg)})"
 
 
 def _fmt(reg: Region) -> str:

@@ -23,7 +23,6 @@ itself (``allreduce bench -n 4``); only rank 0 prints.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import re
@@ -36,7 +35,8 @@ import numpy as np
 
 import allreduce as dist
 from allreduce import collectives, dtypes
-from allreduce.cli import launcher
+from allreduce.cli import checks, launcher
+from allreduce.cli.progress import Progress
 from allreduce.ops import ReduceOp, check_op, finish, reduce_into
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all")
@@ -115,6 +115,7 @@ class Row:
     algbw: float  # GB/s (1e9 bytes per second)
     busbw: float  # GB/s
     correct: bool | None  # None when not checked
+    ran: str = ""  # the algorithm the group chose when ``algorithm`` is "auto"
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,8 @@ def measure(api, collective: str, nbytes: int, algorithm: str, options: BenchOpt
     setup = _Setup(api, rank, world, options.op, _pattern(op, world, options.dtype),
                    {} if algorithm == "auto" else {"algorithm": algorithm})
     itemsize = options.dtype.itemsize
-    case = _CASES[collective](setup, facts.count_for(max(nbytes, itemsize), world, itemsize))
+    items = facts.count_for(max(nbytes, itemsize), world, itemsize)
+    case = _CASES[collective](setup, items)
     for _ in range(options.warmup):
         case.refill()
         case.call()
@@ -281,8 +283,10 @@ def measure(api, collective: str, nbytes: int, algorithm: str, options: BenchOpt
     seconds = float(np.median(times))
     size = case.count * options.dtype.itemsize
     algbw = size / seconds / 1e9 if seconds > 0 else float("inf")
+    ran = api.default_group().algorithm_for(collective, None, items * itemsize, options.dtype) \
+        if algorithm == "auto" and hasattr(api, "default_group") else ""
     return Row(collective, size, case.count, str(options.dtype), options.op.name.lower() if op is not None else "none",
-               algorithm, seconds * 1e6, algbw, algbw * facts.bus_factor(world), correct)
+               algorithm, seconds * 1e6, algbw, algbw * facts.bus_factor(world), correct, ran)
 
 
 def plan(api, options: BenchOptions) -> list[tuple[str, int, str]]:
@@ -331,7 +335,7 @@ def sweep(api, options: BenchOptions, on_row: Callable[[Row], object] | None = N
     return rows
 
 
-_COLUMNS = (("size(B)", 12), ("count", 12), ("type", 9), ("op", 7), ("algo", 18),
+_COLUMNS = (("size(B)", 12), ("count", 12), ("type", 9), ("op", 7), ("algo", 24),
             ("time(us)", 11), ("algbw(GB/s)", 12), ("busbw(GB/s)", 12), ("check", 6))
 
 
@@ -343,7 +347,7 @@ def format_header() -> str:
 def format_row(row: Row) -> str:
     """One row of the table, aligned under :func:`format_header`."""
     check = "-" if row.correct is None else "ok" if row.correct else "WRONG"
-    cells = (row.size, row.count, row.dtype, row.op, row.algorithm,
+    cells = (row.size, row.count, row.dtype, row.op, f"auto:{row.ran}" if row.ran else row.algorithm,
              f"{row.time_us:.2f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}", check)
     return "".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, _COLUMNS))
 
@@ -382,8 +386,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="timed iterations per row (default 20)")
     parser.add_argument("--warmup", type=launcher.int_at_least(0), default=5,
                         help="untimed iterations per row (default 5)")
-    parser.add_argument("--dtype", default="float32", choices=[str(d) for d in dtypes.SUPPORTED],
-                        help="element type (default float32)")
+    parser.add_argument("--dtype", default="float32", type=checks.dtype_name([str(d) for d in dtypes.SUPPORTED]),
+                        help=f"element type: {', '.join(str(d) for d in dtypes.SUPPORTED)} (default float32)")
     parser.add_argument("--op", default="sum", choices=[o.name.lower() for o in ReduceOp],
                         help="reduction for all_reduce, reduce and reduce_scatter (default sum)")
     parser.add_argument("--algorithm", default="auto",
@@ -391,7 +395,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "all takes every registered one (default auto)")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every result")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON (rank 0)")
+    parser.add_argument("--json", metavar="PATH", type=checks.output_file,
+                        help="also write the rows to PATH as JSON (rank 0)")
     parser.set_defaults(main=main, error=parser.error)
     return parser
 
@@ -460,8 +465,13 @@ def _run(api, options: BenchOptions, nrows: int, json_path: str | None) -> list[
         headed.add(row.collective)
         return "\n".join([*heading, format_row(row)])
 
-    with _progress(nrows) as show:
-        rows = sweep(api, options, on_row=lambda row: show(on_row(row)))
+    with Progress(nrows, "allreduce bench", every_s=float("inf")) as progress:  # each row is a line already
+
+        def show(row: Row) -> None:
+            progress.print(on_row(row))
+            progress.advance()
+
+        rows = sweep(api, options, on_row=show)
     for line in format_summary(rows):
         print(line)
     if json_path:
@@ -469,33 +479,6 @@ def _run(api, options: BenchOptions, nrows: int, json_path: str | None) -> list[
             json.dump({"world_size": world, "options": _jsonable(options),
                        "rows": [dataclasses.asdict(r) for r in rows]}, f, indent=1)
     return rows
-
-
-@contextlib.contextmanager
-def _progress(total: int):
-    """Yield ``show(line)``, which prints a row on stdout and, on a terminal, advances a progress bar."""
-    rich_progress = None
-    if sys.stderr.isatty():
-        with contextlib.suppress(ImportError):
-            from rich.console import Console
-            from rich.progress import Progress
-
-            rich_progress = Progress(console=Console(stderr=True), transient=True,
-                                     redirect_stdout=False, redirect_stderr=False)
-    if rich_progress is None:
-        yield lambda line: print(line, flush=True)
-        return
-    with rich_progress:
-        task = rich_progress.add_task("allreduce bench", total=total)
-
-        def show(line: str) -> None:
-            if sys.stdout.isatty():  # the same terminal: print above the bar, not through it
-                rich_progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-            else:
-                print(line, flush=True)
-            rich_progress.advance(task)
-
-        yield show
 
 
 def _comma_list(text: str) -> tuple[str, ...]:

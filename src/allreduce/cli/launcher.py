@@ -19,7 +19,11 @@ signal killed it), ``128 + signal`` when the launcher itself was stopped by one 
 (130 for SIGINT, 143 for SIGTERM), and 0 when every worker exited 0.
 
 With output tagging on, a reader thread per pipe copies each line to our stdout or stderr behind a
-``[rank] `` prefix, whole lines under one lock, so lines from different ranks never interleave.
+``[rank] `` prefix, whole lines under one lock, so lines from different ranks never interleave. A
+worker's traceback that ends in an allreduce error (or ``KeyboardInterrupt``) is shown as its one
+last line, which names the rank, the collective and the cause, and where the program was
+(:mod:`.tracebacks`); ``ALLREDUCE_DEBUG=INFO`` or ``DETAIL`` shows it whole. Workers log warnings,
+such as a rendezvous still waiting for a node, unless ``ALLREDUCE_DEBUG`` says otherwise.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from allreduce.cli.tracebacks import Condenser
+
 _EXIT_NOT_FOUND = 127  # the shell's code for a command that cannot be started
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal the calling process gets when its parent dies
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # what stops the job
+QUIET = {"ALLREDUCE_DEBUG": "WARN"}  # workers' logging unless the user sets it: only what needs attention
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,7 @@ def launch(config: LaunchConfig, cmd: list[str], extra_env: dict[str, str] | Non
             try:
                 for local_rank in range(config.nproc):
                     env = worker_env(config, local_rank, master_addr, master_port, job_id)
-                    job.start(local_rank, cmd, {**os.environ, **(extra_env or {}), **env, **secret})
+                    job.start(local_rank, cmd, {**QUIET, **os.environ, **(extra_env or {}), **env, **secret})
             except OSError as exc:
                 _say(f"cannot start {cmd[0]!r}: {exc.strerror or exc}")
                 job.stop(signal.SIGTERM)
@@ -175,8 +182,9 @@ class _Job:
         self.running += 1
         if self.config.tag_output:
             prefix = f"[{rank}] ".encode()
+            whole = env.get("ALLREDUCE_DEBUG", "").upper() in ("INFO", "DETAIL")  # every traceback, unabridged
             self._spawn(_copy_lines, proc.stdout, sys.stdout, prefix, self.write_lock)
-            self._spawn(_copy_lines, proc.stderr, sys.stderr, prefix, self.write_lock)
+            self._spawn(_copy_lines, proc.stderr, sys.stderr, prefix, self.write_lock, None if whole else Condenser())
         self._spawn(lambda: self.events.put(("exit", rank, proc.wait())))
 
     def wait(self) -> int:
@@ -332,14 +340,22 @@ def _signals_forwarded_to(job: _Job):
             signal.signal(signum, handler)
 
 
-def _copy_lines(src, dst, prefix: bytes, lock: threading.Lock) -> None:
-    """Copy each line from the worker's pipe ``src`` to ``dst`` behind ``prefix``, whole lines at a time."""
+def _copy_lines(src, dst, prefix: bytes, lock: threading.Lock, condenser: Condenser | None = None) -> None:
+    """Copy each line from the worker's pipe ``src`` to ``dst`` behind ``prefix``, whole lines at a time,
+    through ``condenser`` (which shortens the tracebacks of allreduce errors) when one is given."""
     with src:
         for line in iter(src.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
-            with lock, contextlib.suppress(OSError, ValueError):  # our output is gone: drain, don't block
-                _write(dst, prefix + line)
+            _put(dst, prefix, condenser.feed(line) if condenser else [line], lock)
+    if condenser:
+        _put(dst, prefix, condenser.end(), lock)
+
+
+def _put(dst, prefix: bytes, lines: list[bytes], lock: threading.Lock) -> None:
+    if lines:
+        with lock, contextlib.suppress(OSError, ValueError):  # our output is gone: drain, don't block
+            _write(dst, b"".join(prefix + line for line in lines))
 
 
 def _write(stream, data: bytes) -> None:

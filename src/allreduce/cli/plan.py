@@ -41,6 +41,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--profile", metavar="FILE", help="cost profile (default: the one allreduce tune stored)")
     parser.add_argument("--cores", type=launcher.int_at_least(0), help="cores per host (default: the profile's)")
     parser.add_argument("--simulate", action="store_true", help="add the simulator's prediction per algorithm")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="choose as deterministic mode does (ALLREDUCE_DETERMINISTIC=1): only algorithms that "
+                        "reduce in rank order")
     parser.set_defaults(main=main, error=parser.error)
     return parser
 
@@ -71,13 +74,18 @@ def main(args: argparse.Namespace) -> int:
         if args.simulate:
             cells += f"{simulate(coll, name, args.size, n, network, itemsize=itemsize).time * 1e6:>15.1f}"
         print(f"{name:>20}{cells}")
-    choice = costmodel.best(coll, args.size, n, network, itemsize)
-    forced = Settings.from_env().algorithm
-    note = f" (but ALLREDUCE_ALGO={forced} overrides it)" if forced != "auto" and forced in algorithms.names(coll) else ""
-    print(f"# auto picks: {choice}{note}")
-    if coll == "all_reduce" and 1 < args.hosts < n:
-        print("# (a process group whose hosts all hold several ranks runs 'hierarchical' for an automatic "
-              "all-reduce; see group.py)")
+    settings = Settings.from_env()
+    ordered = (args.deterministic or settings.deterministic == "1") and collectives.get(coll).reduces and n > 2
+    candidates = algorithms.in_rank_order(coll, n) if ordered else algorithms.names(coll)
+    forced = settings.algorithm
+    note = f" (but ALLREDUCE_ALGO={forced} overrides it)" if forced != "auto" and forced in candidates else ""
+    mode = " in deterministic mode, where only algorithms that reduce in rank order run" if ordered else ""
+    if coll == "all_reduce" and 1 < args.hosts < n and not ordered:  # what the group runs: inside, across, inside
+        per_host, cross = n // args.hosts, algorithms.get(coll, "hierarchical").options["cross"]
+        print(f"# auto runs: hierarchical (each host first reduces its {per_host} ranks' data, a {cross} all-reduce "
+              f"then runs across the {args.hosts} hosts, and each host shares the result){note}")
+    else:
+        print(f"# auto runs: {costmodel.explain(coll, args.size, n, network, itemsize, candidates)}{mode}{note}")
     return 0
 
 

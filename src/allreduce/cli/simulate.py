@@ -21,7 +21,8 @@ from allreduce.sim import simulate
 from allreduce.sim.sweep import crossovers, fastest, format_bytes, plot, sweep
 from allreduce.trace import Trace
 
-from . import launcher
+from . import checks, launcher
+from .progress import Progress
 from .bench import parse_size, sizes as sweep_sizes
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -83,7 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("-n", "--nranks", type=launcher.int_at_least(1), default=16, help="world size (default 16)")
     parser.add_argument("--hosts", type=launcher.int_at_least(1), default=1,
                         help="hosts, equal contiguous blocks of ranks (default 1)")
-    parser.add_argument("--dtype", default="float32", choices=[str(d) for d in dtypes.SUPPORTED],
+    parser.add_argument("--dtype", default="float32", type=checks.dtype_name([str(d) for d in dtypes.SUPPORTED]),
                         help="element type (default float32)")
     parser.add_argument("--profile", metavar="FILE", help="cost profile (default: the one allreduce tune stored)")
     parser.add_argument("--alpha", type=_arg(parse_seconds), help="seconds per message on every link (e.g. 25us)")
@@ -99,7 +100,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--sweep", action="store_true", help="a table across sizes (--min-bytes .. --size)")
     parser.add_argument("-b", "--min-bytes", type=size_arg, default="8", help="first size of --sweep (default 8)")
     parser.add_argument("-f", "--factor", type=launcher.int_at_least(2), default=4, help="size ratio of --sweep (default 4)")
-    parser.add_argument("--plot", metavar="PNG", help="with --sweep: plot time vs size (needs matplotlib)")
+    parser.add_argument("--plot", metavar="PNG", type=checks.plot_file,
+                        help="with --sweep: plot time vs size (needs matplotlib)")
     parser.add_argument("--timeline", metavar="JSON", help="write a Chrome trace of the first --trace-ranks ranks")
     parser.add_argument("--trace-ranks", type=launcher.int_at_least(1), default=16, help="ranks traced (default 16)")
     parser.set_defaults(main=main, error=parser.error)
@@ -145,7 +147,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace, names: list[str], network: Network, itemsize: int) -> int:
     sizes = sweep_sizes(max(args.min_bytes, itemsize), args.size, args.factor)
-    table = sweep(args.collective, names, sizes, args.nranks, network, itemsize)
+    with Progress(len(names) * len(sizes), "allreduce simulate") as progress:
+        table = sweep(args.collective, names, sizes, args.nranks, network, itemsize,
+                      on_result=lambda _: progress.advance())
     winners = fastest(table)
     width = max(14, *(len(name) + 6 for name in names))
     print("#" + f"{'size(B)':>13}" + "".join(f"{name + '(us)':>{width}}" for name in names) + f"  fastest")

@@ -18,6 +18,7 @@ group's timeout. Only rank 0 prints the summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -28,12 +29,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import reduce as fold
+from typing import Callable
 
 import numpy as np
 
 import allreduce as dist
 from allreduce import algorithms, dtypes
 from allreduce.cli import launcher
+from allreduce.cli.progress import Progress
 from allreduce.ops import ReduceOp, allowed_ops
 
 KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -235,10 +238,15 @@ class Tally:
     rss_warm: int  # bytes after the warm-up
     rss_end: int  # bytes at the end
     seconds: float
+    interrupted: bool = False  # Ctrl-C (SIGINT) stopped the run: the counts are this rank's so far
 
 
-def soak(options: SoakOptions) -> Tally:
-    """Run the soak as this rank of the default group (every rank calls it); see the module docstring."""
+def soak(options: SoakOptions, on_batch: Callable[[int, Tally], object] | None = None) -> Tally:
+    """Run the soak as this rank of the default group (every rank calls it); see the module docstring.
+
+    ``on_batch(done, tally)`` is called after each batch of calls (e.g. to show progress). A Ctrl-C
+    ends the run early with the tally so far and ``interrupted`` set.
+    """
     rank, size = dist.get_rank(), dist.get_world_size()
     sub = dist.new_group(list(range(0, size, 2))) if size > 2 else None
     sub_size = (size + 1) // 2 if sub is not None else 0
@@ -259,8 +267,13 @@ def soak(options: SoakOptions) -> Tally:
             batch = batch[:options.ops - done]
             _run(batch, sub, rank, size, options.seed, tally)
             done += len(batch)
+            if on_batch is not None:
+                on_batch(done, tally)
     except dist.AllreduceError as exc:
         tally.error = f"rank {rank}: call #{done} ({', '.join(c.kind for c in batch)}): {exc}"
+    except KeyboardInterrupt:
+        tally.interrupted = True
+        tally.error = f"rank {rank}: interrupted at call #{done}"
     tally.rss_warm = tally.rss_warm or rss()
     tally.rss_end = rss()
     tally.seconds = time.monotonic() - start
@@ -356,7 +369,15 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:  # not inside a job
             args.error(f"{exc}; or give -n N to start a job of N ranks")
     try:
-        tally = soak(options)
+        with Progress(options.ops, "allreduce soak") if dist.get_rank() == 0 else contextlib.nullcontext() as bar:
+            tally = soak(options, None if bar is None else
+                         lambda done, t: bar.advance(done - bar.done, f"{sum(t.wrong.values())} wrong"))
+        if tally.interrupted:  # the group is broken: rank 0 says what it had done, the others stay quiet
+            if dist.get_rank() == 0:
+                print(f"allreduce soak: interrupted after {sum(tally.calls.values())} calls on rank 0, "
+                      f"{sum(tally.wrong.values())} wrong, {tally.seconds:.1f}s; --seed {options.seed} "
+                      f"replays the same calls", file=sys.stderr, flush=True)
+            return 130
         if tally.error:  # the group is broken: no summary, every rank says what it saw
             print(f"allreduce soak: FAIL after {sum(tally.calls.values())} calls: {tally.error}",
                   file=sys.stderr, flush=True)
@@ -365,6 +386,8 @@ def main(args: argparse.Namespace) -> int:
         if dist.get_rank() == 0:
             print("\n".join(lines), flush=True)
         return 0 if ok else 1
+    except KeyboardInterrupt:  # between calls, e.g. in the summary: the launcher reports it, no traceback here
+        return 130
     finally:
         if started:
             dist.destroy_process_group()

@@ -217,6 +217,8 @@ def main(args: argparse.Namespace) -> int:
         args.error(str(exc))
     if not args.job:
         for transport in chosen:
+            print(f"# measuring the {transport} {args.scope}-host link between two ranks (about 10 s per round)...",
+                  file=sys.stderr, flush=True)
             cmd = [sys.executable, "-m", "allreduce", "tune", "--job", "--output", output, "--scope", args.scope,
                    "--transport", transport, "--rounds", str(args.rounds)] + (["--raw"] if args.raw else [])
             status = launcher.launch(launcher.LaunchConfig(nproc=2, tag_output=False), cmd,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..algorithms import Algorithm, get
-from ..algorithms.schedule import Copy, Recv, Send
+from ..algorithms.schedule import Copy, Recv, Schedule, Send
 from ..algorithms.verify import ScheduleError
 
 @dataclass(frozen=True)
@@ -94,6 +94,10 @@ def extract(collective: str, name: str, size: int, count: int, itemsize: int, ho
     entry = get(collective, name)
     supplies = {"hosts": blocks(size, hosts)}  # what an entry may need
     options = {**{need: supplies[need] for need in entry.needs}, **options}
+    if entry.trees is not None and not full:
+        if size == 1 or count == 0:  # the schedules are empty
+            return from_schedules([Schedule(())], 1, itemsize)
+        return from_trees(entry.trees(size, count, root=root, **{**entry.options, **options}), size, itemsize, hosts)
     cell = size if full else cell_size(entry, size, hosts, options)
     if cell < size and entry.one_chunk_per_rank:
         count = -(-count // size) * size
@@ -150,6 +154,39 @@ def from_schedules(schedules: list, size: int, itemsize: int, hosts: int = 1) ->
     return Traffic(size, cell, cell_hosts, _offsets(m[:, 0], steps),
                    ints[:, 0], ints[:, 1], ints[:, 2], m[:, 4], m[:, 5] != 0, m[:, 6] != 0, ints[:, 3], ints[:, 4],
                    _offsets(c[:, 0], steps), c[:, 1].astype(np.int64), c[:, 2])
+
+
+def from_trees(trees: list[tuple], size: int, itemsize: int, hosts: int = 1) -> Traffic:
+    """The traffic of pipelined trees (``tree.pipeline_steps`` over each, all in the same steps), built
+    with array arithmetic instead of schedules: for an edge from a child at depth ``d``, chunk ``k``
+    goes up (reduced) in step ``k + top - d`` and comes down in step ``k + top + d - 1``.
+
+    Args:
+        trees: ``(parents, depths, bounds)`` per tree, as an entry's ``trees`` gives them.
+    """
+    per_host = size // hosts
+    rows, steps = [], 0
+    for parents, depths, bounds in trees:
+        parent, depth = np.asarray(parents, np.int64), np.asarray(depths, np.int64)
+        top, chunks = int(depth.max()), len(bounds) - 1
+        steps = max(steps, chunks + 2 * top - 1)
+        child = np.flatnonzero(parent >= 0)
+        lengths = np.diff(np.asarray(bounds, np.float64)) * itemsize
+        k = np.arange(chunks)
+        for src, dst, step, up in ((child, parent[child], top - depth[child], True),
+                                   (parent[child], child, top + depth[child] - 1, False)):
+            rows.append((np.add.outer(step, k).ravel(), np.repeat(src, chunks), np.repeat(dst, chunks),
+                         np.tile(lengths, len(child)), up))
+    step = np.concatenate([r[0] for r in rows])
+    keep = np.concatenate([r[3] for r in rows]) > 0  # empty chunks send nothing
+    order = np.argsort(step[keep], kind="stable")
+    src, dst, step = (np.concatenate([r[i] for r in rows])[keep][order] for i in (1, 2, 0))
+    nbytes = np.concatenate([r[3] for r in rows])[keep][order]
+    reduce = np.concatenate([np.full(len(r[0]), r[4]) for r in rows])[keep][order]
+    src_host, dst_host = src // per_host, dst // per_host
+    none = np.zeros(0, np.int64)
+    return Traffic(size, size, hosts, _offsets(step, steps), src, dst, src, nbytes, reduce, src_host != dst_host,
+                   src_host, dst_host, np.zeros(steps + 1, np.int64), none, np.zeros(0))
 
 
 def _by_step(rows: list[tuple], width: int) -> np.ndarray:

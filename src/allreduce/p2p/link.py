@@ -7,7 +7,9 @@ In: bytes land in a buffer of :data:`CHUNK` bytes and are cut into frames there,
 frames cost one ``recv``. A frame's payload goes where the engine says (:meth:`Link.expect`): a
 user's array, or memory kept for a message nobody waits for yet; a large one is read straight into
 it rather than through the buffer. The engine (:mod:`.engine`) decides what each frame means; this
-module only moves bytes, and never blocks.
+module only moves bytes, and never blocks. Over TLS (:mod:`..tls`) it sends one buffer per call, and
+reads on past :data:`TURN` while the TLS layer holds bytes it has already decrypted, which no poll
+would announce.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import socket
 from collections import deque
 from itertools import islice
 
-from .. import wire
+from .. import tls, wire
 from ..errors import PeerLost, ProtocolError, with_peer
 from ..transport.tcp import read_abort_reason
 
@@ -109,7 +111,7 @@ class Link:
             ProtocolError: a frame that is not ours.
         """
         taken = 0
-        while taken < TURN and not self.dead:
+        while (taken < TURN or tls.buffered(self.sock)) and not self.dead:
             if self._dest is not None:
                 left = self._dest.nbytes - self._got
                 have = self._end - self._start

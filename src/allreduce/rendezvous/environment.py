@@ -10,10 +10,14 @@ this order::
     pmi      MPICH, Intel MPI        PMI_RANK / PMI_SIZE           MPI_LOCALRANKID / MPI_LOCALNRANKS
     slurm    srun                    SLURM_PROCID / SLURM_NTASKS   SLURM_LOCALID / SLURM_NTASKS_PER_NODE
 
-The store's address is MASTER_ADDR and MASTER_PORT whatever the launcher (torchrun sets them; under
-mpirun or srun, export them), defaulting to 127.0.0.1:29500; under Slurm a missing MASTER_ADDR falls
-back to the launch node's address. A variable that is absent leaves its field ``None`` for the
-caller to decide; one that is present but wrong is an error, because guessing would hang the job.
+The store's address is MASTER_ADDR and MASTER_PORT whatever the launcher (torchrun sets them),
+defaulting to 127.0.0.1:29500. Under Slurm nothing needs exporting: a missing MASTER_ADDR is the
+first node of the step's node list (where srun's block distribution puts rank 0), else the launch
+node's address, and a missing MASTER_PORT is derived from the job and step ids, so two steps of one
+job, or two jobs sharing a node, meet at different ports. Under mpirun a missing MASTER_PORT is
+derived from the job's PMIx namespace the same way; a job of several hosts exports MASTER_ADDR.
+A variable that is absent leaves its field ``None`` for the caller to decide; one that is present but
+wrong is an error, because guessing would hang the job.
 
 torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT and says so to its workers
 (``TORCHELASTIC_USE_AGENT_STORE=True``, with the restart count ``TORCHELASTIC_RESTART_COUNT``):
@@ -23,11 +27,15 @@ then every rank is that store's client and none may host one there.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
+# A port derived from a launcher's job (and step): JOB_PORT_BASE + (job * JOB_STEPS + step) mod
+# JOB_PORTS, below Linux's ephemeral range (32768 up), so no outgoing connection holds it.
+JOB_PORT_BASE, JOB_PORTS, JOB_STEPS = 17000, 15000, 16
 
 # source -> (rank, world size, local rank, local world size) variable names
 _FAMILIES = {
@@ -73,15 +81,62 @@ def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
     local_world_size = _integer(env, local_size_var, 1)
     _below(rank_var, rank, size_var, world_size)
     _below(local_rank_var, local_rank, local_size_var, local_world_size)
-    slurm_addr = env.get("SLURM_LAUNCH_NODE_IPADDR") if source == "slurm" else None
-    master_addr = env.get("MASTER_ADDR") or slurm_addr or DEFAULT_MASTER_ADDR
+    job_addr, job_port = _job_store(source, env)
+    master_addr = env.get("MASTER_ADDR") or job_addr or DEFAULT_MASTER_ADDR
     master_port = _integer(env, "MASTER_PORT", 1)
     if master_port is not None and master_port > 65535:
         raise ValueError(f"MASTER_PORT={master_port} is not a port (1-65535)")
+    master_port = master_port or job_port
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torch's own test of it
     restart = _integer(env, "TORCHELASTIC_RESTART_COUNT", 0) or 0
     return LaunchInfo(rank, world_size, local_rank, local_world_size, master_addr,
                       DEFAULT_MASTER_PORT if master_port is None else master_port, source, agent_store, restart)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list, expanded from its compressed form.
+
+    Example: ``first_host("gpu[07-12,20],login1")`` is ``"gpu07"``; ``first_host("r[2-3]n[5-6]")`` is ``"r2n5"``.
+
+    Raises:
+        ValueError: the list is empty or its brackets do not pair up.
+    """
+    head, depth = "", 0
+    for char in nodelist.strip():
+        if char == "," and depth == 0:
+            break
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ValueError(f"node list {nodelist!r} has unpaired brackets")
+        head += char
+    if depth:
+        raise ValueError(f"node list {nodelist!r} has unpaired brackets")
+    if not head:
+        raise ValueError(f"node list {nodelist!r} names no host")
+    pieces = head.replace("]", "[").split("[")  # outside, inside, outside, ... the brackets
+    return "".join(piece if i % 2 == 0 else piece.split(",")[0].split("-")[0] for i, piece in enumerate(pieces))
+
+
+def job_port(job: int, step: int = 0) -> int:
+    """The store's port for step ``step`` of launcher job ``job`` (see :data:`JOB_PORT_BASE`)."""
+    return JOB_PORT_BASE + (job * JOB_STEPS + step % JOB_STEPS) % JOB_PORTS
+
+
+def _job_store(source: str, env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """Where rank 0 hosts the store by what the launcher says of its job; ``None`` where it says nothing.
+
+    srun: the step's first node, at a port of the job id and step id. mpirun: a port of the job's PMIx
+    namespace (its host is 127.0.0.1 unless MASTER_ADDR says otherwise).
+    """
+    if source == "slurm":
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        addr = first_host(nodelist) if nodelist else env.get("SLURM_LAUNCH_NODE_IPADDR")
+        job = _integer(env, "SLURM_JOB_ID", 0)
+        return addr, None if job is None else job_port(job, _integer(env, "SLURM_STEP_ID", 0) or 0)
+    namespace = env.get("PMIX_NAMESPACE")
+    if source == "openmpi" and namespace:
+        return None, job_port(zlib.crc32(namespace.encode()))
+    return None, None
 
 
 def _integer(env: Mapping[str, str], name: str | None, minimum: int) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from urllib.parse import SplitResult, parse_qs
 
+from allreduce import logs
 from allreduce.errors import CommTimeout, PeerLost, RendezvousError
 from allreduce.rendezvous.environment import from_environment
 from allreduce.rendezvous.schemes import Scheme, lookup
@@ -28,6 +29,8 @@ from allreduce.rendezvous.store import Store, listing
 from allreduce.rendezvous.tcpstore import TCPStore
 from allreduce.settings import DEFAULT_TIMEOUT
 
+REPORT_S = 5.0  # seconds between the lines that say the rendezvous is still waiting
+_log = logs.get("rendezvous")
 LEFT_KEY = "rendezvous/left"  # the count of ranks that left the group: a store that has it is ending
 
 
@@ -65,8 +68,11 @@ def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int =
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     url, build = lookup(init_method)
     rank, world_size = _identify(url, rank, world_size)
+    logs.tag(rank)
     due = time.monotonic() + timeout
     store = _fresh(build, url, rank, world_size, timeout)
+    _log.info("rank %d/%d: rendezvous at %r%s", rank, world_size, store,
+              " (hosted by this rank)" if getattr(store, "is_server", False) else "")
     try:
         _join(store, rank, world_size, due, timeout)
     except BaseException:
@@ -150,15 +156,20 @@ def _join(store: Store, rank: int, world_size: int, due: float, timeout: float) 
         raise RendezvousError(f"{me}: {_too_many(store, joined, world_size)}")
     try:
         if rank == 0:
-            keys.wait([f"world_size/{r}" for r in range(world_size)], timeout=_left(due))
+            everyone = [f"world_size/{r}" for r in range(world_size)]
+            _patiently(lambda seconds: keys.wait(everyone, timeout=seconds), due,
+                       lambda: f"{me}: waiting for ranks {_absent(keys, world_size)} to join at {store!r}")
             verdict = _verdict(store, keys, world_size)
             keys.set("verdict", verdict.encode())
         else:
-            root_size = int(keys.get("world_size/0", timeout=_left(due)))
+            def waiting() -> str:
+                return f"{me}: waiting at {store!r}; {keys.add('joined', 0)} of {world_size} ranks joined"
+
+            root_size = int(_patiently(lambda seconds: keys.get("world_size/0", timeout=seconds), due, waiting))
             if root_size != world_size:
                 raise RendezvousError(f"{me}: rank 0 has world_size {root_size}, this rank {world_size}; "
                                       f"start every rank with the same world size")
-            verdict = keys.get("verdict", timeout=_left(due)).decode()
+            verdict = _patiently(lambda seconds: keys.get("verdict", timeout=seconds), due, waiting).decode()
     except CommTimeout as exc:
         joined = keys.add("joined", 0)
         absent = "" if rank else f" (missing: ranks {_absent(keys, world_size)})"
@@ -166,6 +177,20 @@ def _join(store: Store, rank: int, world_size: int, due: float, timeout: float) 
                           f"{world_size} ranks joined{absent}") from exc
     if verdict:
         raise RendezvousError(f"{me}: {verdict}")
+    _log.info("%s: all %d ranks joined", me, world_size)
+
+
+def _patiently(wait, due: float, waiting):
+    """``wait(seconds)`` in slices of :data:`REPORT_S` until it returns or ``due`` passes, logging
+    ``waiting()`` after each slice, so that a job missing a node says so instead of going quiet."""
+    start = time.monotonic()
+    while True:
+        try:
+            return wait(min(REPORT_S, _left(due)))
+        except CommTimeout:
+            if _left(due) <= 0:
+                raise
+            _log.warning("%s (%.0f s so far, %.0f s left)", waiting(), time.monotonic() - start, _left(due))
 
 
 def _verdict(store: Store, keys: Store, world_size: int) -> str:

@@ -5,10 +5,12 @@ each request means is :func:`~.store.apply_request`, and the client is :mod:`.tc
 serves every client through a selector, so a parked get costs no thread. Every connection starts
 with the mutual challenge-response of :mod:`allreduce.auth` over the job's secret; the server reads
 nothing else from a client until it has passed, holds at most a few dozen bytes for it meanwhile,
-and closes it if it fails or is too slow. When too many strangers are mid-handshake at once (idle
-sockets on the port, a scan, a flood), a new one pushes out the one that has waited longest, so a
-rank that dials in still gets its turn (and dials again if it was the one pushed out). What the
-store holds is capped by its :class:`~.contents.StoreLimits`.
+and closes it if it fails or is too slow. With the ``ALLREDUCE_TLS_*`` variables set, a TLS
+handshake that requires the client's certificate (:mod:`allreduce.tls`) comes first, in the same
+time. When too many strangers are mid-handshake at once (idle sockets on the port, a scan, a flood),
+a new one pushes out the one that has waited longest, so a rank that dials in still gets its turn
+(and dials again if it was the one pushed out). What the store holds is capped by its
+:class:`~.contents.StoreLimits`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import collections
 import selectors
 import socket
+import ssl
 import threading
 import time
 
-from allreduce import auth
+from allreduce import auth, tls
 from allreduce.errors import ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
 from allreduce.rendezvous.contents import Contents, StoreLimits
@@ -35,10 +38,11 @@ _HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secr
 class _Peer:
     """The server's state for one client: its decoder, requests not yet answered, unsent output."""
 
-    __slots__ = ("sock", "auth", "decoder", "queue", "current", "due", "out", "writing")
+    __slots__ = ("sock", "shaking", "auth", "decoder", "queue", "current", "due", "out", "writing")
 
     def __init__(self, sock: socket.socket, responder: auth.Responder):
         self.sock = sock
+        self.shaking = isinstance(sock, ssl.SSLSocket)  # its TLS handshake is not done yet
         self.auth: auth.Responder | None = responder  # the handshake, until the client has passed it
         self.decoder = wire.RequestDecoder()
         self.queue: collections.deque = collections.deque()  # decoded, not yet started
@@ -74,6 +78,7 @@ class StoreServer:
                                   f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
         self.port = self._listener.getsockname()[1]
         self._key = auth.job_key()
+        self._tls = tls.from_env()
         self._max_strangers = 2 * backlog  # clients mid-handshake at once; a new one pushes out the oldest
         auth.warn_if_exposed(host)
         self._listener.setblocking(False)
@@ -104,6 +109,9 @@ class StoreServer:
                     if key.fileobj is self._listener:
                         self._accept()
                         continue
+                    if key.data in self._peers and key.data.shaking:
+                        self._shake(key.data)
+                        continue
                     if events & selectors.EVENT_WRITE and key.data in self._peers:
                         self._flush(key.data)
                     if events & selectors.EVENT_READ and key.data in self._peers:
@@ -131,13 +139,36 @@ class StoreServer:
                 self._drop(min(strangers, key=lambda peer: peer.due))
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # The handshake (the client's half is in tcpstore): challenge now; the response arrives in
-            # _receive, and no byte reaches the client's RequestDecoder before it has passed.
-            peer = _Peer(sock, auth.Responder(self._key, HANDSHAKE_CONTEXT))
+            peer = _Peer(sock if self._tls is None else self._tls.wrap_accepted(sock),
+                         auth.Responder(self._key, HANDSHAKE_CONTEXT))
             self._peers.add(peer)
-            self._selector.register(sock, selectors.EVENT_READ, peer)
-            peer.out.append(memoryview(peer.auth.greeting))
-            self._flush(peer)
+            self._selector.register(peer.sock, selectors.EVENT_READ, peer)
+            if peer.shaking:
+                self._shake(peer)
+            else:
+                self._challenge(peer)
+
+    def _shake(self, peer: _Peer) -> None:
+        """Take the TLS handshake as far as what has arrived allows; once it is done, challenge."""
+        try:
+            peer.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            return
+        except ssl.SSLWantWriteError:
+            self._selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+            return
+        except OSError:  # no certificate, another CA's, not TLS at all, or gone
+            self._drop(peer)
+            return
+        peer.shaking = False
+        self._selector.modify(peer.sock, selectors.EVENT_READ, peer)
+        self._challenge(peer)
+
+    def _challenge(self, peer: _Peer) -> None:
+        """The handshake (the client's half is in tcpstore): challenge now; the response arrives in
+        _receive, and no byte reaches the client's RequestDecoder before it has passed."""
+        peer.out.append(memoryview(peer.auth.greeting))
+        self._flush(peer)
 
     def _receive(self, peer: _Peer) -> None:
         try:

@@ -5,7 +5,8 @@ one request and its answer on a connection, the pool of connections. The rank th
 also runs its :class:`~.storeserver.StoreServer` and connects to it like every other rank. A client
 keeps a small pool of connections, one per request in flight, so threads that share a store never
 queue behind each other's blocking get. Every connection first proves, by the mutual
-challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret.
+challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret, inside a
+mutually authenticated TLS channel when the ``ALLREDUCE_TLS_*`` variables are set (:mod:`allreduce.tls`).
 
 Every request has a deadline (:meth:`Store.execute_by`), and the client gives up on a silent host
 then: a frozen host costs the caller the time it allowed, not a fresh timeout per request. A
@@ -19,7 +20,7 @@ import socket
 import threading
 import time
 
-from allreduce import auth
+from allreduce import auth, tls
 from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import storewire as wire
 from allreduce.rendezvous.contents import StoreLimits
@@ -95,6 +96,7 @@ class TCPStore(Store):
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host = host
+        self._tls = tls.from_env()
         self._server = StoreServer(host, port, world_size, limits) if is_server else None
         self.port = self._server.port if self._server else port
         self._idle: list[_Link] = []
@@ -164,7 +166,8 @@ class TCPStore(Store):
                     raise RendezvousError(
                         f"cannot reach the store at {where} within {due - start:.3g}s ({exc}); check that "
                         f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
-                        f"its host and a port this host may connect to") from exc
+                        f"its host and a port this host may connect to"
+                        f"{'' if self._tls or not isinstance(exc, TimeoutError) else _NO_TLS}") from exc
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 1.0)
 
@@ -175,15 +178,27 @@ class TCPStore(Store):
         sock = socket.create_connection(address, timeout=_left(due))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.dial(sock, due)
             auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, due)
         except ProtocolError as exc:  # another secret, or not a store at all: dialling again cannot help
             sock.close()
             raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc
+        except OSError as exc:
+            sock.close()
+            if tls.refused(exc):  # a certificate, or TLS on one end only: final too
+                raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: TLS: "
+                                      f"{tls.describe(exc)}") from exc
+            raise
         except BaseException:
             sock.close()
             raise
         self._reached = True
         return _Link(sock, f"{self.host}:{self.port}")
+
+
+_NO_TLS = ("; a store that requires TLS says nothing to a rank without the ALLREDUCE_TLS_* variables, "
+           "so check that they are set on every rank or on none")
 
 
 def _left(due: float) -> float:

@@ -20,6 +20,11 @@ messages at once (numpy):
 
 Shares are settled per step: the messages of one step on one port are taken to start together,
 which is what a bulk-synchronous step does and what keeps the engine vectorized.
+
+*Runs of equal steps.* Each step maps the ranks' times through maxima and fixed additions, so
+delaying every rank by ``c`` delays the result by ``c``. A ring repeats one step ``n - 1`` times;
+once such a step moves every rank by the same time, every later repetition does too, and the rest of
+the run is skipped by adding that time (exact; ``tests/unit/test_sim_shortcuts.py`` checks it).
 """
 
 from __future__ import annotations
@@ -39,31 +44,68 @@ def run(traffic: Traffic, network: Network, on_step: Optional[StepHook] = None) 
     """Run ``traffic`` over ``network``; return each simulated rank's finishing time in seconds."""
     network = network.for_ranks(traffic.size)
     ready = np.zeros(traffic.ranks)
-    intra, inter = network.intra, network.inter
     ports = 2 * traffic.ranks
-    for s in range(traffic.steps):
-        a, b = traffic.copy_offsets[s], traffic.copy_offsets[s + 1]
-        if a < b:
-            np.add.at(ready, traffic.copy_rank[a:b], traffic.copy_bytes[a:b] * network.copy)
-        a, b = traffic.offsets[s], traffic.offsets[s + 1]
-        if a == b:
-            continue
-        src, dst, cross = traffic.src[a:b], traffic.dst[a:b], traffic.inter[a:b]
-        nbytes = traffic.nbytes[a:b]
-        t0 = np.maximum(ready[src], ready[dst])
-        duplex = np.where(cross, inter.duplex, intra.duplex)
-        load = _load(src * 2 + cross, dst * 2 + cross, nbytes, ports, duplex)
-        if cross.any():
-            load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
-                                                        nbytes[cross], traffic.hosts, inter.duplex))
-        end = t0 + np.where(cross, inter.alpha, intra.alpha) + load * np.where(cross, inter.beta, intra.beta)
-        reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
-        done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
-        if on_step is not None:
-            on_step(s, t0, end, done)
-        np.maximum.at(ready, src, end)
-        np.maximum.at(ready, dst, done)
+    repeats = _repeats(traffic) if on_step is None else np.zeros(traffic.steps, np.int64)
+    s = 0
+    while s < traffic.steps:
+        before = ready.copy() if repeats[s] else None
+        _step(traffic, network, ready, s, ports, on_step)
+        if before is not None:
+            moved = ready - before
+            if np.ptp(moved) <= 1e-12 * max(float(moved.max()), 0.0):  # every rank moved alike: so will the rest
+                ready += moved.max() * repeats[s]
+                s += int(repeats[s])
+        s += 1
     return ready
+
+
+def _step(traffic: Traffic, network: Network, ready: np.ndarray, s: int, ports: int, on_step) -> None:
+    """Advance ``ready`` through step ``s`` (the numbered points of the module docstring)."""
+    intra, inter = network.intra, network.inter
+    a, b = traffic.copy_offsets[s], traffic.copy_offsets[s + 1]
+    if a < b:
+        np.add.at(ready, traffic.copy_rank[a:b], traffic.copy_bytes[a:b] * network.copy)
+    a, b = traffic.offsets[s], traffic.offsets[s + 1]
+    if a == b:
+        return
+    src, dst, cross = traffic.src[a:b], traffic.dst[a:b], traffic.inter[a:b]
+    nbytes = traffic.nbytes[a:b]
+    t0 = np.maximum(ready[src], ready[dst])
+    duplex = np.where(cross, inter.duplex, intra.duplex)
+    load = _load(src * 2 + cross, dst * 2 + cross, nbytes, ports, duplex)
+    if cross.any():
+        load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
+                                                    nbytes[cross], traffic.hosts, inter.duplex))
+    end = t0 + np.where(cross, inter.alpha, intra.alpha) + load * np.where(cross, inter.beta, intra.beta)
+    reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
+    done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
+    if on_step is not None:
+        on_step(s, t0, end, done)
+    np.maximum.at(ready, src, end)
+    np.maximum.at(ready, dst, done)
+
+
+def _repeats(traffic: Traffic) -> np.ndarray:
+    """Per step, how many steps right after it are the same as it (messages and copies alike)."""
+    same = np.ones(traffic.steps, bool)  # step s is the same as step s - 1
+    same[:1] = False
+    for offsets, columns in ((traffic.offsets, (traffic.src, traffic.dst, traffic.nbytes, traffic.reduce,
+                                                traffic.inter, traffic.src_host, traffic.dst_host)),
+                             (traffic.copy_offsets, (traffic.copy_rank, traffic.copy_bytes))):
+        length = np.diff(offsets)
+        same[1:] &= length[1:] == length[:-1]
+        step = np.repeat(np.arange(traffic.steps), length)
+        back = np.r_[0, length][step]  # rows back to the same place in the previous step
+        rows = np.arange(len(step))
+        differ = (step == 0) | (rows < back)
+        ok = rows >= back
+        for column in columns:
+            differ[ok] |= column[rows[ok]] != column[rows[ok] - back[ok]]
+        same &= np.bincount(step[differ], minlength=traffic.steps) == 0
+    repeats = np.zeros(traffic.steps, np.int64)
+    for s in range(traffic.steps - 2, -1, -1):
+        repeats[s] = repeats[s + 1] + 1 if same[s + 1] else 0
+    return repeats
 
 
 def _load(out_port: np.ndarray, in_port: np.ndarray, nbytes: np.ndarray, ports: int, duplex) -> np.ndarray:

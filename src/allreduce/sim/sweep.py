@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from . import Result, simulate
 from ..model.network import Network
@@ -24,10 +25,16 @@ class Crossover:
 
 
 def sweep(collective: str, algorithms: list[str], sizes: list[int], size: int, network: Network,
-          itemsize: int = 4) -> dict[str, list[Result]]:
-    """``{algorithm: [Result per size]}`` for every algorithm and size (bytes of the whole buffer)."""
-    return {name: [simulate(collective, name, nbytes, size, network, itemsize=itemsize) for nbytes in sizes]
-            for name in algorithms}
+          itemsize: int = 4, on_result: Callable[[Result], object] | None = None) -> dict[str, list[Result]]:
+    """``{algorithm: [Result per size]}`` for every algorithm and size (bytes of the whole buffer);
+    ``on_result`` is called after each simulation (e.g. to show progress)."""
+    def one(name: str, nbytes: int) -> Result:
+        result = simulate(collective, name, nbytes, size, network, itemsize=itemsize)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    return {name: [one(name, nbytes) for nbytes in sizes] for name in algorithms}
 
 
 def fastest(table: dict[str, list[Result]]) -> list[str]:
@@ -64,24 +71,45 @@ def plot(table: dict[str, list[Result]], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, results in table.items():
-        ax.plot([r.nbytes for r in results], [r.time * 1e6 for r in results], marker=".", label=name)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for i, (name, results) in enumerate(table.items()):
+        ax.plot([r.nbytes for r in results], [r.time * 1e6 for r in results], label=name, **curve_style(i))
     for cross in crossovers(table):
         ax.axvline(cross.nbytes, color="grey", linestyle=":", linewidth=1)
         ax.annotate(f"{cross.before} -> {cross.after}\n{format_bytes(cross.nbytes)}", (cross.nbytes, 1),
                     xycoords=("data", "axes fraction"), xytext=(3, -4), textcoords="offset points",
                     va="top", fontsize=7, color="dimgrey")
-    ax.set_xscale("log", base=2)
+    size_axis(ax)
     ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
+    ax.set_xlabel("message size")
     ax.set_ylabel("predicted time (us)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+
+
+def curve_style(index: int) -> dict:
+    """Matplotlib style of the ``index``-th curve: its own hollow marker and dash pattern, so that two
+    curves with equal values stay visible one over the other."""
+    return {"marker": MARKERS[index % len(MARKERS)], "markerfacecolor": "none", "markersize": 5 + index % 3,
+            "linestyle": ("-", "--", "-.", ":")[index % 4], "linewidth": 1.2}
+
+
+def size_axis(ax, which: str = "x") -> None:
+    """Make ``ax``'s ``which`` axis a logarithmic size axis with ticks such as 64 B, 16 KiB, 4 MiB."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
+    axis.set_major_locator(LogLocator(base=2, numticks=9))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value).replace(".0 ", " ")))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def format_bytes(nbytes: float) -> str:

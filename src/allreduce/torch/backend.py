@@ -6,22 +6,26 @@ for devices cpu and cuda, the backend that :mod:`.plugin`'s creator returns: a C
 would call ProcessGroupGloo's. So ``dist.*``, DDP's reducer, FSDP2, DTensor and the functional
 collectives reach these methods whether they call from Python or from C++.
 
-Every method starts its collective asynchronously on the allreduce group and returns a
-:class:`~.work.TorchWork`. Tensors the core cannot view in place (CUDA, non-contiguous) are staged
-(:class:`~.tensors.Staged`) and copied back before the work completes. ``opts`` may be omitted
+A call whose caller will wait (torch's ``opts.asyncOp`` false: ``dist.all_reduce(t)`` without
+``async_op=True``) runs in the caller's thread, as our own blocking calls do, and returns a finished
+:class:`~.work.DoneWork`. Every other call (``async_op=True``, and C++ callers such as DDP's reducer)
+starts its collective asynchronously on the allreduce group and returns a :class:`~.work.TorchWork`.
+Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~.tensors.Staged`)
+and copied back before the work completes. ``opts`` may be omitted
 wherever torch's callers omit it (``backend.allreduce(tensors)``, communication hooks).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from allreduce import api, bootstrap
 from allreduce.ops import ReduceOp
 
 from . import monitored, sparse
-from .tensors import Staged
-from .work import TorchWork, torch_error
+from .tensors import Staged, is_direct
+from .work import DoneWork, TorchWork, in_torch_words
 
 NAME = "allreduce"
 
@@ -39,51 +43,62 @@ class ProcessGroupAllreduce:
     def __repr__(self) -> str:
         return f"<ProcessGroupAllreduce rank {self.group.rank}/{self.group.size} '{self.group.name}'>"
 
-    def _work(self, started, result, *after, source: int = -1) -> TorchWork:
-        parts = started if isinstance(started, list) else [started]
+    def _work(self, started, result, *after, source: int | None = -1) -> TorchWork | DoneWork:
+        """The torch work of a collective ``started`` (``None``: it ran in this thread and is done)."""
         self._issued += 1
+        if started is None:
+            for step in after:
+                step()
+            return DoneWork(result)
+        parts = started if isinstance(started, list) else [started]
         if self._coalesced is not None:
             self._coalesced.extend(parts)
         return TorchWork(parts, result, *after, source=source)
 
     # ---- reductions ------------------------------------------------------------------------------
 
+    @in_torch_words
     def allreduce(self, tensors, opts=None):
         if _one(tensors, "allreduce").is_sparse:
             return self.allreduce_sparse(tensors, opts)
+        if is_direct(tensors[0]):  # the common case, spared the staging object
+            return self._work(api.all_reduce(tensors[0], _op(opts), group=self.group, async_op=_async(opts)), tensors)
         s = Staged(tensors[0])
-        return self._work(api.all_reduce(s.host, _op(opts), group=self.group, async_op=True), tensors, s.copy_back)
+        started = api.all_reduce(s.host, _op(opts), group=self.group, async_op=_async(opts))
+        return self._work(started, tensors, s.copy_back)
 
+    @in_torch_words
     def allreduce_sparse(self, tensors, opts=None):
         """Sparse COO tensors, as Gloo sums them: gather every rank's indices and values, then coalesce."""
         op = _op(opts)
         if op != ReduceOp.SUM:
             raise ValueError(f"sparse all_reduce supports ReduceOp.SUM only (as Gloo), got ReduceOp.{op.name}")
-        try:
-            started = sparse.all_reduce(_one(tensors, "allreduce_sparse"), self.group)
-        except TimeoutError as exc:  # it runs in this thread, so its errors do not pass through a work
-            raise torch_error(exc) from exc
-        return self._work(started, tensors)
+        sparse.all_reduce(_one(tensors, "allreduce_sparse"), self.group)
+        return self._work(None, tensors)
 
+    @in_torch_words
     def allreduce_coalesced(self, tensors, opts=None):
         flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else torch.empty(0)
-        started = api.all_reduce(flat, _op(opts), group=self.group, async_op=True)
+        started = api.all_reduce(flat, _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, tensors, lambda: _unpack(flat, tensors))
 
+    @in_torch_words
     def reduce(self, tensors, opts=None):
         s = Staged(_one(tensors, "reduce"))
-        started = api.reduce(s.host, _root(opts), _op(opts), group=self.group, async_op=True)
+        started = api.reduce(s.host, _root(opts), _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, tensors, s.copy_back)
 
+    @in_torch_words
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = Staged(_one(output_tensors, "reduce_scatter"), copy_in=False)
         ins = [Staged(t).host for t in _one(input_tensors, "reduce_scatter")]
-        started = api.reduce_scatter(out.host, ins, _op(opts), group=self.group, async_op=True)
+        started = api.reduce_scatter(out.host, ins, _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, output_tensors, out.copy_back)
 
+    @in_torch_words
     def _reduce_scatter_base(self, output, input, opts=None):
         out, inp = Staged(output, copy_in=False), Staged(input)
-        started = api.reduce_scatter_tensor(out.host, inp.host, _op(opts), group=self.group, async_op=True)
+        started = api.reduce_scatter_tensor(out.host, inp.host, _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, [output], out.copy_back)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -91,20 +106,23 @@ class ProcessGroupAllreduce:
 
     # ---- data movement ---------------------------------------------------------------------------
 
+    @in_torch_words
     def broadcast(self, tensors, opts=None):
         s = Staged(_one(tensors, "broadcast"))
-        started = api.broadcast(s.host, _root(opts), group=self.group, async_op=True)
+        started = api.broadcast(s.host, _root(opts), group=self.group, async_op=_async(opts))
         return self._work(started, tensors, s.copy_back)
 
+    @in_torch_words
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs = [Staged(t, copy_in=False) for t in _one(output_tensors, "allgather")]
         inp = Staged(_one(input_tensors, "allgather"))
-        started = api.all_gather([o.host for o in outs], inp.host, group=self.group, async_op=True)
+        started = api.all_gather([o.host for o in outs], inp.host, group=self.group, async_op=_async(opts))
         return self._work(started, output_tensors, *[o.copy_back for o in outs])
 
+    @in_torch_words
     def _allgather_base(self, output, input, opts=None):
         out, inp = Staged(output, copy_in=False), Staged(input)
-        started = api.all_gather_into_tensor(out.host, inp.host, group=self.group, async_op=True)
+        started = api.all_gather_into_tensor(out.host, inp.host, group=self.group, async_op=_async(opts))
         return self._work(started, [output], out.copy_back)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
@@ -115,37 +133,42 @@ class ProcessGroupAllreduce:
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._joined([self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
+    @in_torch_words
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = Staged(_one(input_tensors, "gather"))
         outs = [Staged(t, copy_in=False) for t in output_tensors[0]] if output_tensors else None
         started = api.gather(inp.host, [o.host for o in outs] if outs else None, _root(opts),
-                             group=self.group, async_op=True)
+                             group=self.group, async_op=_async(opts))
         return self._work(started, output_tensors, *[o.copy_back for o in outs or ()])
 
+    @in_torch_words
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = Staged(_one(output_tensors, "scatter"), copy_in=False)
         ins = [Staged(t).host for t in input_tensors[0]] if input_tensors else None
-        started = api.scatter(out.host, ins, _root(opts), group=self.group, async_op=True)
+        started = api.scatter(out.host, ins, _root(opts), group=self.group, async_op=_async(opts))
         return self._work(started, output_tensors, out.copy_back)
 
+    @in_torch_words
     def alltoall_base(self, output, input, output_split_sizes=(), input_split_sizes=(), opts=None):
         out, inp = Staged(output, copy_in=False), Staged(input)
         started = api.all_to_all_single(out.host, inp.host, list(output_split_sizes) or None,
-                                        list(input_split_sizes) or None, group=self.group, async_op=True)
+                                        list(input_split_sizes) or None, group=self.group, async_op=_async(opts))
         return self._work(started, [output], out.copy_back)
 
+    @in_torch_words
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """Blocks of any sizes: one flat all-to-all whose split sizes are the blocks' element counts."""
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=input_tensors[0].dtype)
         flat_in = torch.cat([t.detach().reshape(-1).cpu() for t in input_tensors])
         started = api.all_to_all_single(flat_out, flat_in, [t.numel() for t in output_tensors],
-                                        [t.numel() for t in input_tensors], group=self.group, async_op=True)
+                                        [t.numel() for t in input_tensors], group=self.group, async_op=_async(opts))
         return self._work(started, output_tensors, lambda: _unpack(flat_out, output_tensors))
 
     # ---- synchronization and point-to-point ------------------------------------------------------
 
+    @in_torch_words
     def barrier(self, opts=None):
-        return self._work(api.barrier(group=self.group, async_op=True), None)
+        return self._work(api.barrier(group=self.group, async_op=_async(opts)), None)
 
     def monitored_barrier(self, opts=None, wait_all_ranks: bool = False) -> None:
         """Gloo's monitored barrier (rank 0 names the ranks that did not arrive in time), on the store."""
@@ -162,7 +185,9 @@ class ProcessGroupAllreduce:
         return self._work(api.irecv(s.host, src, group=self.group, tag=tag), tensors, s.copy_back, source=src)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise RuntimeError("the allreduce backend cannot receive from any source yet; pass src to recv")
+        """A receive from whichever rank sends first; the work's ``source_rank()`` names it once done."""
+        s = Staged(_one(tensors, "recv"), copy_in=False)
+        return self._work(api.irecv(s.host, None, group=self.group, tag=tag), tensors, s.copy_back, source=None)
 
     # ---- coalescing, sequence numbers, lifetime --------------------------------------------------
 
@@ -190,10 +215,11 @@ class ProcessGroupAllreduce:
     def abort(self) -> None:
         self.group.close()
 
-    def _joined(self, works: list[TorchWork], result) -> TorchWork:
+    def _joined(self, works: list, result) -> TorchWork | DoneWork:
         """One work done when all of ``works`` are (a coalesced call made of several collectives)."""
         self._issued -= len(works) - 1
-        return TorchWork([part for w in works for part in w.parts], result)
+        parts = [part for w in works for part in w.parts]
+        return TorchWork(parts, result) if parts else DoneWork(result)
 
 
 def _one(tensors: list, what: str) -> torch.Tensor:
@@ -202,14 +228,26 @@ def _one(tensors: list, what: str) -> torch.Tensor:
     return tensors[0]
 
 
+def _async(opts) -> bool:
+    """Whether torch will return the work to its caller (``async_op=True``, or a C++ caller such as DDP's
+    reducer). A blocking call (``opts.asyncOp`` false) runs in the caller's thread, as our own blocking
+    calls do, and returns a finished work: no hand-off to the progress thread and back. (A torch whose
+    options lack ``asyncOp`` gets the queued path, correct for every caller.)"""
+    return opts is None or getattr(opts, "asyncOp", True)
+
+
+_OPS = {op: ReduceOp[name] for name, op in dist.ReduceOp.RedOpType.__members__.items() if name in ReduceOp.__members__}
+
+
 def _op(opts) -> ReduceOp:
     if opts is None:
         return ReduceOp.SUM
-    name = opts.reduceOp.op.name
-    if name not in ReduceOp.__members__:
-        raise ValueError(f"ReduceOp.{name} is not supported by the allreduce backend; use "
+    torch_op = opts.reduceOp.op
+    op = _OPS.get(torch_op)
+    if op is None:
+        raise ValueError(f"ReduceOp.{torch_op.name} is not supported by the allreduce backend; use "
                          f"{', '.join(ReduceOp.__members__)}")
-    return ReduceOp[name]
+    return op
 
 
 def _root(opts) -> int:

@@ -42,7 +42,7 @@ def _build():
     _find_ninja()
     name = "allreduce_shim_" + re.sub(r"\W", "_", torch.__version__)
     try:
-        return cpp_extension.load(name, [str(SOURCE)])
+        return cpp_extension.load(name, [str(SOURCE)], extra_cflags=["-O2"])  # torch builds unoptimized otherwise
     except Exception as exc:  # a missing compiler or ninja shows up as several exception types
         raise RuntimeError(
             f"the torch backend 'allreduce' compiles {SOURCE.name} against torch {torch.__version__} on first "

@@ -19,6 +19,7 @@ import warnings
 import torch.distributed as dist
 
 from allreduce import bootstrap
+from allreduce.rendezvous import from_environment
 from allreduce.settings import Settings
 from allreduce.transport.shm import ShmOptions
 
@@ -52,7 +53,10 @@ def create(options, backend_options=None):
     backend_class = native.python_backend()  # built before joining, so that a build failure strands nobody
     seconds = options.timeout.total_seconds()
     ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
-    store = TorchStore(options.store, seconds, is_server=options.group_rank == 0)
+    # torchrun's agent keeps one store for every attempt of the job: keys of its own for each one, so a
+    # restarted rank never reads the address of a rank that died in the attempt before
+    attempt = dist.PrefixStore(f"allreduce/attempt_{from_environment().restart}", options.store)
+    store = TorchStore(attempt, seconds, is_server=options.group_rank == 0)
     group = bootstrap.form_group(store, options.group_rank, options.group_size, seconds, f"torch-{options.group_id}",
                                  ranks, Settings.from_env(), ShmOptions.from_env())
     return backend_class(options.group_rank, options.group_size, NAME, ProcessGroupAllreduce(group))

@@ -8,16 +8,13 @@ rank ends with the same bits. The result replaces the caller's tensor in place (
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import torch
 
 from allreduce.objects import all_gather_object
-from allreduce.work import Work
 
 
-def all_reduce(tensor: torch.Tensor, group) -> Work:
-    """Sum the sparse ``tensor`` of every rank of ``group`` into it; a finished :class:`Work`.
+def all_reduce(tensor: torch.Tensor, group) -> None:
+    """Sum the sparse ``tensor`` of every rank of ``group`` into it (blocking).
 
     Example (two ranks)::
 
@@ -32,6 +29,3 @@ def all_reduce(tensor: torch.Tensor, group) -> Work:
     total = torch.sparse_coo_tensor(indices, values, tensor.shape).coalesce()
     with torch.no_grad():
         tensor.copy_(total.to(tensor.device))
-    done: concurrent.futures.Future = concurrent.futures.Future()
-    done.set_result(None)
-    return Work(done, f"rank {group.rank}/{group.size}: sparse all_reduce")

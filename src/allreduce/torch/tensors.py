@@ -60,7 +60,7 @@ class Staged:
 
 def is_direct(tensor: torch.Tensor) -> bool:
     """Whether collectives can use ``tensor``'s memory as it is (a contiguous CPU tensor)."""
-    return tensor.device.type == "cpu" and tensor.is_contiguous()
+    return tensor.is_cpu and tensor.is_contiguous()
 
 
 def host_buffer(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

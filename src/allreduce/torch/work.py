@@ -7,6 +7,9 @@ tensors or failed, which is what DDP's reducer and communication hooks consume f
 ``_create_work_from_future`` is not enough: its ``wait()`` returns normally even when the future
 failed, so synchronous ``dist.*`` calls would never see an error.)
 
+A blocking call (torch says its caller waits) runs in the caller's thread and returns a :class:`DoneWork`,
+finished from the start: torch requires a work, and this one allocates nothing else.
+
 Timeouts keep the core's message (rank, collective, sequence number, peer) with torch's capital
 ``Timed out``, which torch's own callers and tests match (Gloo says "Timed out waiting 1000ms ...").
 """
@@ -14,6 +17,7 @@ Timeouts keep the core's message (rank, collective, sequence number, peer) with 
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import threading
 import time
@@ -27,11 +31,12 @@ from allreduce.errors import CommTimeout
 class TorchWork(dist.Work):
     """Done when every work of ``parts`` is, then ``after`` has run; its value is ``result``.
 
-    ``source`` is the rank a receive got its data from (torch's ``Work.source_rank()``). A work made
+    ``source`` is the rank a receive got its data from (torch's ``Work.source_rank()``); ``None`` for a
+    receive from any source, whose one part reports the sender once done. A work made
     of others' ``parts`` completes after them: a future runs its callbacks in the order they were added.
     """
 
-    def __init__(self, parts: list, result, *after, source: int = -1):
+    def __init__(self, parts: list, result, *after, source: int | None = -1):
         super().__init__()
         self.parts = parts
         self._result = result
@@ -91,6 +96,9 @@ class TorchWork(dist.Work):
         return self._error
 
     def source_rank(self) -> int:
+        if self._source is None:
+            sender = self.parts[0].source
+            return -1 if sender is None else sender
         return self._source
 
     def get_future(self) -> torch.futures.Future:
@@ -99,6 +107,57 @@ class TorchWork(dist.Work):
     def result(self) -> list:
         self.wait()
         return self._result
+
+
+class DoneWork(dist.Work):
+    """The work of a collective that already ran in the caller's thread (a blocking call, see
+    :mod:`.backend`): nothing to wait for; a future is made only if someone asks for one."""
+
+    parts = ()  # no allreduce works left to wait for (see TorchWork.parts)
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def source_rank(self) -> int:
+        return -1
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+    def result(self) -> list:
+        return self._result
+
+
+def in_torch_words(method):
+    """``method`` raising its timeouts as :func:`torch_error` words them: a blocking call runs in the
+    caller's thread, so its errors reach torch directly rather than through a work."""
+
+    @functools.wraps(method)
+    def worded(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except TimeoutError as exc:
+            reworded = torch_error(exc)
+            if reworded is exc:
+                raise
+            raise reworded from exc
+
+    return worded
 
 
 def torch_error(exc: BaseException) -> BaseException:

@@ -4,29 +4,42 @@ Links are set up once, when the group forms: every rank listens on the address i
 it in the store, connects to every lower rank and accepts every higher one (:mod:`.mesh`). A short
 hello (:mod:`.hello`: magic, the group's tag, both ranks) says which link a connection is meant to be,
 and the mutual challenge-response of :mod:`..auth`, bound to that hello, proves that both ends know
-the job's secret; any other connection is closed at once and the group forms without it. Links use
-TCP keepalive, so a link that dies silently (cable, switch) while a rank waits on it errors within
-about ten seconds rather than only at the collective's deadline. (Not ``TCP_USER_TIMEOUT``: it would
-also cut the link to a peer that is alive but busy, whose full receive buffer holds our data
-unacknowledged.)
+the job's secret; any other connection is closed at once and the group forms without it. With the
+``ALLREDUCE_TLS_*`` variables set, a mutually authenticated TLS handshake (:mod:`..tls`) comes first
+and carries everything after it. Links use TCP keepalive, so a link that dies silently (cable,
+switch) while a rank waits on it errors within about ten seconds rather than only at the collective's
+deadline. (Not ``TCP_USER_TIMEOUT``: it would also cut the link to a peer that is alive but busy,
+whose full receive buffer holds our data unacknowledged.)
 
 During a collective the sockets are non-blocking. :meth:`TcpTransport.exchange` pushes header and
 payload with one ``sendmsg`` and receives straight into the destination memoryview with ``recv_into``
 (no copies), sending and receiving at once so two peers exchanging large segments never deadlock on
 full socket buffers. It reads exactly the frames it expects: data from a peer that is already a step
 ahead waits in the kernel until its step comes.
+
+A rank that gives up tells every peer why with an ABORT frame, so that an error anywhere names the
+rank that failed first. A frame half sent is finished first (its receiver could not find the ABORT
+inside it; it is copied, so the caller's buffer is theirs again at once), and the links close only
+once what was queued has been taken by the peer, or after :data:`ABORT_S`: closing with unread data
+resets a link and throws away what it had not yet sent. That wait happens on a short-lived thread,
+so the error reaches the caller without it; :meth:`TcpTransport.close` (destroying the group) waits
+for it. A rank whose send fails on a reset link reads the ABORT that may wait unread before it
+reports the loss.
 """
 
 from __future__ import annotations
 
+import fcntl
 import select
 import socket
+import termios
+import threading
 import time
 from collections import deque
 from collections.abc import Container
 from itertools import islice
 
-from .. import auth, wire
+from .. import auth, tls, wire
 from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError, with_peer
 from . import hello, mesh
 from .base import RecvSpec, SendSpec, Transport
@@ -36,18 +49,22 @@ _KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}  # idle s
 _IOV_MAX = 64  # buffers per sendmsg call
 _SMALL_FRAME = 1 << 16  # payloads up to this size are read together with their header
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+ABORT_S = 0.5  # the most seconds an abort spends getting its frames out before it closes the links
+ABORT_STALL_S = 0.25  # ... and the most it waits while no peer takes anything
 
 
 class _Link:
     """The connection to one peer and the frames in flight on it during one exchange."""
 
-    __slots__ = ("peer", "sock", "fd", "out", "inq", "hdr", "hdr_view", "hdr_got", "got")
+    __slots__ = ("peer", "sock", "fd", "out", "frames", "sent", "inq", "hdr", "hdr_view", "hdr_got", "got")
 
     def __init__(self, peer: int, sock: socket.socket):
         self.peer = peer
         self.sock = sock
         self.fd = sock.fileno()
         self.out: deque[memoryview] = deque()
+        self.frames: deque[int] = deque()  # the sizes of the frames in ``out``
+        self.sent = 0  # bytes of the first of them already sent
         self.inq: deque[RecvSpec] = deque()
         self.hdr = bytearray(wire.HEADER_SIZE)
         self.hdr_view = memoryview(self.hdr)
@@ -59,6 +76,27 @@ class _Link:
         return with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"),
                          self.peer)
 
+    def push(self, *buffers: memoryview) -> None:
+        """Queue one frame: its header and payload buffers."""
+        self.out.extend(b for b in buffers if b.nbytes)
+        self.frames.append(sum(b.nbytes for b in buffers))
+
+    def end_frame(self) -> None:
+        """Drop what is queued after the frame being sent (all of it when none is half sent), and copy
+        the rest of that frame out of the caller's memory."""
+        rest = self.frames[0] - self.sent if self.sent else 0
+        kept: deque[memoryview] = deque()
+        while rest:
+            head = memoryview(bytes(self.out.popleft()[:rest]))
+            kept.append(head)
+            rest -= head.nbytes
+        self.out = kept
+        self.frames = deque([self.frames[0]] if kept else [])
+
+    def pending(self) -> int:
+        """Bytes queued here or sent but not yet acknowledged by the peer."""
+        return sum(b.nbytes for b in self.out) + _unacked(self.sock)
+
     def send_some(self) -> None:
         """Send until the socket is full or nothing is left."""
         out = self.out
@@ -68,7 +106,10 @@ class _Link:
             except BlockingIOError:
                 return
             except OSError as exc:
-                raise self.lost(exc) from exc
+                raise self.broken(exc) from exc
+            self.sent += n
+            while self.frames and self.sent >= self.frames[0]:
+                self.sent -= self.frames.popleft()
             while n:
                 head = out[0]
                 if n >= head.nbytes:
@@ -114,6 +155,21 @@ class _Link:
             self.inq.popleft()
             self.hdr_got = self.got = 0
 
+    def broken(self, exc: OSError) -> AllreduceError:
+        """The error for a link that failed while sending: the peer's ABORT when it sent one before it
+        closed (that waits unread here), else the lost link."""
+        try:
+            self.recv_some()  # frames still expected come first; reading on ends in their ABORT or the close
+            head = self.sock.recv(wire.HEADER_SIZE) if self.hdr_got == 0 else b""  # the link is lost: consume
+            if len(head) == wire.HEADER_SIZE and wire.decode(head).kind == wire.ABORT:
+                reason = read_abort_reason(self.sock, b"", wire.decode(head).nbytes)
+                return with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
+        except AllreduceError as error:
+            return error
+        except OSError:
+            pass
+        return self.lost(exc)
+
     def _accept_header(self, spec: RecvSpec) -> None:
         if self.hdr == wire.encode(spec.header):
             return
@@ -139,6 +195,7 @@ class TcpTransport(Transport):
         self.rank = rank
         self.size = size
         self._links = {peer: _Link(peer, sock) for peer, sock in links.items()}
+        self._closing: threading.Thread | None = None  # what abort left to finish sending, then close
         for link in self._links.values():
             link.sock.setblocking(False)
 
@@ -159,9 +216,7 @@ class TcpTransport(Transport):
         busy: dict[int, _Link] = {}
         for spec in sends:
             link = self._links[spec.peer]
-            link.out.append(memoryview(wire.encode(spec.header)))
-            if spec.payload.nbytes:
-                link.out.append(spec.payload)
+            link.push(memoryview(wire.encode(spec.header)), spec.payload)
             busy[link.fd] = link
         for spec in recvs:
             link = self._links[spec.peer]
@@ -214,15 +269,17 @@ class TcpTransport(Transport):
         return with_peer(CommTimeout(f"{what} rank {link.peer}"), link.peer)
 
     def abort(self, reason: str) -> None:
-        frame = wire.abort_frame(reason)
-        for link in self._links.values():
-            if not link.out:  # only between frames; mid-frame the close itself says enough
-                try:
-                    link.sock.send(frame)
-                except OSError:
-                    pass
-            link.out.clear()
-        self.close()
+        """Finish the frames half sent, send every peer ABORT with ``reason``, and close (module docstring)."""
+        frame = memoryview(wire.abort_frame(reason))
+        links = list(self._links.values())
+        self._links = {}
+        for link in links:
+            link.inq.clear()
+            link.end_frame()
+            link.push(frame)
+        self._closing = threading.Thread(target=_drain, args=(links, time.monotonic() + ABORT_S), daemon=True,
+                                         name="allreduce-tcp-abort")
+        self._closing.start()
 
     def close(self) -> None:
         for link in self._links.values():
@@ -231,6 +288,8 @@ class TcpTransport(Transport):
             except OSError:
                 pass
         self._links = {}
+        if self._closing is not None:
+            self._closing.join()
 
 
 class TcpPeering:
@@ -250,6 +309,7 @@ class TcpPeering:
         self.host = host
         self.digest = hello.group_digest(tag)
         self.key = key
+        self.tls = tls.from_env()
         self.dialers = range(rank + 1, size) if dialers is None else dialers  # who may dial: the mesh's higher ranks
 
     def listen(self, backlog: int) -> tuple[socket.socket, str]:
@@ -278,6 +338,8 @@ class TcpPeering:
                 time.sleep(0.05)
                 continue
             try:
+                if self.tls is not None:
+                    sock = self.tls.dial(sock, deadline)
                 sock.sendall(greeting)
                 auth.client_handshake(sock, self.key, b"peer" + greeting, deadline)
                 _tune(sock)
@@ -289,6 +351,9 @@ class TcpPeering:
                                                 f"{address}: {exc}"), peer) from exc
             except (OSError, ProtocolError) as exc:
                 sock.close()
+                if tls.refused(exc):  # a certificate, or TLS on one end only: final too
+                    raise with_peer(RendezvousError(f"rank {self.rank} could not link with rank {peer} at "
+                                                    f"{address}: TLS: {tls.describe(exc)}"), peer) from exc
                 last = exc
             time.sleep(0.05)
         raise RendezvousError(f"rank {self.rank} could not connect to rank {peer} at {address}: {last}")
@@ -297,6 +362,8 @@ class TcpPeering:
         """Check an accepted connection's hello and proof; ``None`` (closed) for a stranger."""
         decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, self.dialers))
         try:
+            if self.tls is not None:
+                sock = self.tls.accept(sock, due)
             sock.settimeout(max(0.1, due - time.monotonic()))
             greeting = None
             while greeting is None:
@@ -316,6 +383,44 @@ class TcpPeering:
     def knock(address: str) -> None:
         host, port = address.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=1.0).close()
+
+
+def _drain(links: list[_Link], deadline: float) -> None:
+    """Send what ``links`` hold until each peer has taken it all (acknowledged, so that closing cannot
+    lose it), the deadline passes, or no peer takes anything for :data:`ABORT_STALL_S`; then close them."""
+    every = list(links)
+    moved = time.monotonic()
+    while links and time.monotonic() < min(deadline, moved + ABORT_STALL_S):
+        left = []
+        for link in links:
+            before = link.pending()
+            try:
+                link.send_some()
+            except AllreduceError:
+                continue
+            after = link.pending()
+            if after != before:
+                moved = time.monotonic()
+            if after:
+                left.append(link)
+        links = left
+        poller = select.poll()
+        for link in links:
+            poller.register(link.fd, _POLLOUT if link.out else 0)
+        poller.poll(5)
+    for link in every:
+        try:
+            link.sock.close()
+        except OSError:
+            pass
+
+
+def _unacked(sock: socket.socket) -> int:
+    """Bytes sent on ``sock`` that its peer has not acknowledged (0 where the OS cannot tell)."""
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"), "little")
+    except OSError:
+        return 0
 
 
 def _tune(sock: socket.socket) -> None:

@@ -5,6 +5,10 @@ A control segment starts with header words (8 bytes each) and the abort reason, 
 member of the host. A channel is two counters, each on its own cache line (``SENT``, written only by
 the segment's owner, and ``TAKEN``, written only by the peer), then a ring of slots. A slot is the
 frame header, a few descriptor words, then up to ``chunk`` bytes of payload.
+
+After the channels come the owner's two *lines* (:mod:`.lines`), the small-message path: a cache line
+holding the owner's sleeping flag, then per line a head (the call's number, its group sequence number,
+its fingerprint and frame header) and up to ``line_max`` bytes of payload.
 """
 
 from __future__ import annotations
@@ -30,6 +34,24 @@ PAYLOAD_AT = 128
 INLINE, REGISTERED, CROSS = 1, 2, 3  # values of the MODE word: how the payload travels
 
 
+# Lines: the sleeping flag's word (from the lines area's first word); per line, head words and payload.
+LINE_SLEEPING = 0
+LINES_FIRST = 64  # bytes from the lines area to its first line
+LINE_NUMBER, LINE_CALL, LINE_PRINT = range(3)  # head words: call number (written last), group seq, fingerprint
+LINE_HEADER_AT = 24  # bytes from a line's start to its frame header
+LINE_PAYLOAD_AT = 64
+
+
+def line_size(line_max: int) -> int:
+    """Bytes of one line carrying up to ``line_max`` payload bytes (whole cache lines)."""
+    return LINE_PAYLOAD_AT + -(-line_max // 64) * 64
+
+
+def lines_size(line_max: int) -> int:
+    """Bytes of a rank's lines area: its sleeping flag and two lines."""
+    return LINES_FIRST + 2 * line_size(line_max)
+
+
 def slot_size(chunk: int) -> int:
     """Bytes of one slot that carries up to ``chunk`` payload bytes."""
     return PAYLOAD_AT + chunk
@@ -40,12 +62,18 @@ def channel_size(chunk: int, slots: int) -> int:
     return SLOTS_AT + slots * slot_size(chunk)
 
 
-def create_control(members: int, channel: int) -> shmseg.Segment:
-    """A control segment of this process with ``members`` channels of ``channel`` bytes, header filled in."""
-    segment = shmseg.create(CHANNELS_AT + members * channel, "control")
+def create_control(members: int, channel: int, lines: int) -> shmseg.Segment:
+    """A control segment of this process with ``members`` channels of ``channel`` bytes and ``lines``
+    bytes of lines after them (:func:`lines_at`), header filled in."""
+    segment = shmseg.create(lines_at(members, channel) + lines, "control")
     with memoryview(segment.map) as whole, whole.cast("q") as words:
         words[MAGIC], words[PID], words[ADDRESS] = MAGIC_VALUE, os.getpid(), segment.address
     return segment
+
+
+def lines_at(members: int, channel: int) -> int:
+    """Byte offset of the lines area in a control segment with ``members`` channels of ``channel`` bytes."""
+    return -(-(CHANNELS_AT + members * channel) // 64) * 64
 
 
 def write_reason(data: memoryview, words: memoryview, reason: str) -> None:

@@ -24,7 +24,9 @@ class ShmOptions:
     ring_budget: int = 16 << 20  # slot bytes per rank at most: many peers get smaller chunks
     inline_max: int = 64 << 10  # larger payloads go registered or cross-memory where possible
     buffered_max: int = 64 << 20  # point-to-point sends up to this size never wait for their receiver
+    staged_max: int = 4 << 20  # collective sends up to this size are copied into staging, not read cross-memory
     cma_piece: int = 256 << 10  # bytes read per process_vm_readv call, handed to progress
+    line_max: int = 16 << 10  # collectives of up to this many bytes per rank take the lines (0: never)
     spin_s: float = 50e-6  # busy-wait this long (not when ranks outnumber cores or the cores are busy)
     yield_s: float = 150e-6  # then sched_yield until this long (not when the cores are busy), then sleep
     sleep_ms: int = 1  # longest sleep when no peer wakes us (a wake-up lost to a race costs this)
@@ -86,7 +88,9 @@ _RULES = {  # field -> (whether a value is allowed, the values allowed, in words
     "ring_budget": (_at_least(0), "a whole number of bytes, at least 0"),
     "inline_max": (_at_least(0), "a whole number of bytes, at least 0"),
     "buffered_max": (_at_least(0), "a whole number of bytes, at least 0"),
+    "staged_max": (_at_least(0), "a whole number of bytes, at least 0"),
     "cma_piece": (_at_least(1), "a whole number of bytes, at least 1"),
+    "line_max": (_at_least(0), "a whole number of bytes, at least 0"),
     "spin_s": (_at_least(0), "a number of seconds, at least 0"),
     "yield_s": (_at_least(0), "a number of seconds, at least 0"),
     "sleep_ms": (_at_least(0), "a whole number of milliseconds, at least 0"),

@@ -15,6 +15,7 @@ from ..base import RecvSpec, SendSpec, Transport
 from . import layout
 from .dataplane import DataPlane, In, Out
 from .layout import ABORTED, ADDRESS, CHANNELS_AT, CLOSED, OPEN, STATE, UNMAPS
+from .lines import Lines
 from .options import ShmOptions
 from .peer import Peer
 from .peersocket import ShmPeering
@@ -39,6 +40,7 @@ class ShmTransport(Transport):
         self._waiting = Waiting(options, self._words, peers)
         self._freed = shmseg.released_count()  # registered segments freed before now (none shared)
         self._closed = False
+        self.lines: Lines | None = None  # the small-message path, where every rank of the group is on this host
 
     @classmethod
     def connect(cls, rank: int, size: int, store, tag: str, timeout: float, members: list[int],
@@ -53,9 +55,9 @@ class ShmTransport(Transport):
         deadline = time.monotonic() + timeout
         chunk, slots = options.chunk_for(len(members)), options.slots
         channel = layout.channel_size(chunk, slots)
-        segment = layout.create_control(len(members), channel)
+        segment = layout.create_control(len(members), channel, layout.lines_size(options.line_max))
         try:
-            peering = ShmPeering(rank, members, tag, (chunk, slots), segment.fd)
+            peering = ShmPeering(rank, members, tag, (chunk, slots, options.line_max), segment.fd)
             links = mesh.form(peering, store, rank, members, deadline)
         except BaseException:
             segment.close()
@@ -68,6 +70,9 @@ class ShmTransport(Transport):
             link.sock.setblocking(False)
         transport = cls(rank, size, segment, peers, options, chunk)
         transport._probe_cross_memory()
+        if len(members) == size and options.line_max:
+            transport.lines = Lines(rank, segment, transport._words, peers, layout.lines_at(len(members), channel),
+                                    options, transport._waiting)
         return transport
 
     def _probe_cross_memory(self) -> None:
@@ -160,6 +165,8 @@ class ShmTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        if self.lines is not None:
+            self.lines.close()
         if self._words[STATE] == OPEN:
             self._words[STATE] = CLOSED
         for peer in self._peers.values():

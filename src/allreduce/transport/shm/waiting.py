@@ -39,7 +39,7 @@ class Waiting:
         self.options = options
         self._words = words  # our control segment, for the sleeping flag
         self._cores = len(os.sched_getaffinity(0))
-        self._crowded = len(peers) + 1 > self._cores  # our own ranks outnumber the cores
+        self.crowded = len(peers) + 1 > self._cores  # our own ranks outnumber the cores
         self._busy = False  # other work keeps the cores busy (load average above the core count)
         self._busy_checked = -1.0
         self._poller = select.poll()
@@ -61,15 +61,13 @@ class Waiting:
             idle()
             stretch.quiet = now
         elapsed = now - stretch.start
-        if now - self._busy_checked >= 1.0:
-            self._busy_checked = now
-            self._busy = os.getloadavg()[0] > self._cores
-        if elapsed < self.options.spin_s and not (self._crowded or self._busy):
+        busy = self.busy(now)
+        if elapsed < self.options.spin_s and not (self.crowded or busy):
             return
         if now - stretch.checked >= self.options.check_s:
             stretch.checked = now
             check(pending)
-        if elapsed < self.options.yield_s and not self._busy:
+        if elapsed < self.options.yield_s and not busy:
             os.sched_yield()
             return
         if not stretch.armed:  # raise the flag, then look once more before sleeping: no lost wake-up
@@ -89,6 +87,14 @@ class Waiting:
                 peer.drain()
             if peer.exited or peer.hung_up:
                 check(pending)
+
+    def busy(self, now: float) -> bool:
+        """Whether other work keeps the cores busy: the load average above the core count (read at
+        most once a second; ``now`` is ``time.monotonic()``)."""
+        if now - self._busy_checked >= 1.0:
+            self._busy_checked = now
+            self._busy = os.getloadavg()[0] > self._cores
+        return self._busy
 
     def moved(self, stretch: Stretch) -> None:
         """The stretch is over (progress, or a sleep ended): lower our sleeping flag if it is raised."""

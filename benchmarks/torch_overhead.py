@@ -1,0 +1,132 @@
+"""What the torch backend adds to a small all-reduce: ``dist.all_reduce`` against our numpy API, same group.
+
+Both ranks form one torch group on backend "allreduce"; its allreduce group is also used directly
+through ``allreduce.all_reduce`` on a numpy array of the same size. So the two calls share transport,
+algorithm and peer, and their difference is the torch side alone (torch's dispatch, the C++ shim,
+the backend's Python method and its work object). Batches of the three calls below alternate, and
+the table shows rank 0's median wall and CPU time per call. Nothing runs on import.
+
+    python benchmarks/torch_overhead.py                  # 8 bytes, 2 ranks
+    python benchmarks/torch_overhead.py --bytes 8 4096 --profile   # cProfile of rank 0's torch calls
+
+- ``numpy``: ``allreduce.all_reduce(array, group=g)``;
+- ``torch``: ``torch.distributed.all_reduce(tensor)`` on backend "allreduce";
+- ``optimizer``: a backward pass whose gradient ``allreduce.torch.DistributedOptimizer`` reduces
+  (on its communication thread), then ``synchronize()``;
+- ``backward``: the same backward pass with no optimizer, to subtract from ``optimizer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import statistics
+import sys
+import time
+
+BATCH = 200  # calls per timed batch
+
+
+def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bool, out) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+
+    import allreduce
+    import allreduce.torch as atorch
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("allreduce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    group = tdist.group.WORLD._get_backend(torch.device("cpu")).impl.group
+    count = max(1, nbytes // 4)
+    array, tensor = np.zeros(count, np.float32), torch.zeros(count)  # sums stay finite
+    weight, local = torch.ones(count, requires_grad=True), torch.ones(count, requires_grad=True)
+    opt = atorch.DistributedOptimizer(torch.optim.SGD([weight], lr=0.0), group=group)
+
+    def optimizer_step():
+        weight.sum().backward()  # the hook hands the gradient to the optimizer's communication thread
+        opt.synchronize()
+
+    calls = {"numpy": lambda: allreduce.all_reduce(array, group=group), "torch": lambda: tdist.all_reduce(tensor),
+             "optimizer": optimizer_step, "backward": lambda: local.sum().backward()}
+    for call in calls.values():
+        for _ in range(300):
+            call()
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+    prof = None
+    if profile and rank == 0:
+        import cProfile
+
+        prof = cProfile.Profile()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            if prof is not None and name == "torch":
+                prof.enable()
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(BATCH):
+                call()
+            seen[name].append(((time.perf_counter() - wall) / BATCH, (time.process_time() - cpu) / BATCH))
+            if prof is not None:
+                prof.disable()
+    tdist.barrier()
+    tdist.destroy_process_group()
+    if prof is not None:
+        import pstats
+
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    if rank == 0:
+        out.put({name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+                 for name, runs in seen.items()})
+
+
+def measure(nbytes: int, size: int, rounds: int, profile: bool) -> dict[str, tuple[float, float]]:
+    """Rank 0's median (wall, cpu) seconds per call of each kind, ``size`` forked ranks."""
+    import multiprocessing as mp
+
+    from allreduce.addresses import free_port
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, size, port, nbytes, rounds, profile, out)) for r in range(size)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                return out.get(timeout=1)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a rank failed; its traceback is above") from None
+        raise TimeoutError("the ranks did not finish within 600 s")
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, nargs="+", default=[8])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=25, help="batches of each call, interleaved")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    import allreduce.torch  # noqa: F401  (registers the backend and builds its shim before the forks)
+    from allreduce.torch import native
+
+    native.python_backend()
+    print(f"{'bytes':>7} {'call':>10} {'wall us':>9} {'cpu us':>8} {'+ wall us':>10}   (load {os.getloadavg()[0]:.2f}, "
+          f"{args.ranks} ranks, median of {args.rounds} batches of {BATCH})")
+    for nbytes in args.bytes:
+        got = measure(nbytes, args.ranks, args.rounds, args.profile)
+        base = got["numpy"][0]
+        for name, (wall, cpu) in got.items():
+            print(f"{nbytes:>7} {name:>10} {wall * 1e6:9.2f} {cpu * 1e6:8.2f} {(wall - base) * 1e6:10.2f}")
+
+
+if __name__ == "__main__":
+    main()

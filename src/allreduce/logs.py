@@ -1,0 +1,98 @@
+"""The ``allreduce`` logger: silent unless the application or ``ALLREDUCE_DEBUG`` asks for it.
+
+The library logs through the standard :mod:`logging` module, under the logger named ``allreduce``
+(and its children, e.g. ``allreduce.rendezvous``). It installs only a ``NullHandler``, so nothing
+is printed unless the application configures logging, as libraries should. For a quick look without
+touching the code, ``ALLREDUCE_DEBUG`` (read when a group forms) sends the records to standard error,
+one line each, tagged with the rank, in the manner of ``NCCL_DEBUG``:
+
+- ``WARN``: only what needs attention, such as a rendezvous still waiting for ranks (``allreduce run``
+  sets this for its workers unless the variable is set);
+- ``INFO``: also where the store is, who joined, which transport each peer gets, which algorithm
+  each call shape gets;
+- ``DETAIL``: also every collective's fingerprint and time, per rank.
+
+``DETAIL`` wraps a group's executor when the group forms, so that with it off a collective pays
+nothing for logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+LOGGER = logging.getLogger("allreduce")
+LOGGER.addHandler(logging.NullHandler())
+LEVELS = {"": None, "WARN": logging.WARNING, "INFO": logging.INFO, "DETAIL": logging.DEBUG}  # ALLREDUCE_DEBUG
+DETAIL = False  # whether groups formed from now on log every collective (ALLREDUCE_DEBUG=DETAIL)
+_rank = "?"  # the tag of this process's lines: its rank in the world, once known
+
+
+class _RankFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = _rank
+        return True
+
+
+_HANDLER = logging.StreamHandler(sys.stderr)
+_HANDLER.addFilter(_RankFilter())
+_HANDLER.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d allreduce[%(rank)s] %(message)s",
+                                        "%H:%M:%S"))
+
+
+def get(name: str) -> logging.Logger:
+    """The child logger ``allreduce.<name>`` (e.g. ``get("rendezvous")``)."""
+    return LOGGER.getChild(name)
+
+
+def tag(rank: int) -> None:
+    """Tag this process's lines with ``rank`` (its rank in the world) from now on."""
+    global _rank
+    _rank = str(rank)
+
+
+def configure(level: str) -> None:
+    """Apply ``ALLREDUCE_DEBUG=level``: "" leaves logging as the application set it, and so does ``WARN``
+    when the application has configured logging (its handlers receive the warnings).
+
+    Raises:
+        ValueError: ``level`` is not one of :data:`LEVELS`.
+    """
+    global DETAIL
+    level = level.upper()
+    if level not in LEVELS:
+        raise ValueError(f"ALLREDUCE_DEBUG={level!r} is not one of {', '.join(k for k in LEVELS if k)}")
+    if not level or (level == "WARN" and logging.getLogger().handlers):  # the application's handlers print warnings
+        return
+    LOGGER.setLevel(LEVELS[level])
+    if _HANDLER not in LOGGER.handlers:
+        LOGGER.addHandler(_HANDLER)
+        LOGGER.propagate = False  # our own stderr line; the application's handlers would print it twice
+    DETAIL = level == "DETAIL"
+
+
+class TimedExecutor:
+    """An executor that logs each collective's fingerprint and time (``ALLREDUCE_DEBUG=DETAIL``).
+
+    Wraps any object with ``run(schedule, buffers, call, ...)`` and passes everything else through.
+    """
+
+    def __init__(self, executor, rank: int):
+        self._executor = executor
+        self._log = get("collective")
+        self._rank = rank
+
+    def run(self, schedule, buffers, call, *args, **kwargs):
+        """Run ``call`` on the wrapped executor, then log it with the seconds it took."""
+        start = time.perf_counter()
+        try:
+            return self._executor.run(schedule, buffers, call, *args, **kwargs)
+        finally:
+            self._log.debug("rank %d: %s #%d %s count=%d %s %s root=%d digest=%s: %.1f us", self._rank,
+                            call.collective, call.seq, call.algorithm, call.count, call.dtype,
+                            getattr(call.op, "name", call.op), call.root, getattr(call, "digest", "-"),
+                            (time.perf_counter() - start) * 1e6)
+
+    def __getattr__(self, name: str):
+        return getattr(self._executor, name)

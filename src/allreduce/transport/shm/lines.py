@@ -1,0 +1,188 @@
+"""The small-message path: each rank writes one line per call, every peer reads it where it lies.
+
+A collective of a few bytes costs what its bookkeeping costs, so this path keeps almost none: no
+frames, no slots to hand back, no sockets. Every rank owns two *lines* in its control segment
+(:mod:`.layout`); call number ``k`` (counted over the calls that take the lines) uses line ``k % 2``.
+A rank writes its payload, the call's group sequence number, its fingerprint and frame header, and
+the number ``k`` last (x86-64 keeps one process's stores in order, so a peer that reads ``k`` reads
+the rest complete). Then it waits until every peer's line shows ``k``, checks their fingerprints
+against its own (a difference raises ``Mismatch`` naming each field that differs) and reads their
+payloads in place.
+
+A line is reused without acknowledgements: a rank writes line ``k % 2`` again at call ``k + 2``,
+which it reaches only after seeing every peer's call ``k + 1``, which each peer posts only once it
+has finished call ``k``, reading included.
+
+Waiting matches who is expected: spin for ``spin_s`` while every rank has a core; yield the processor
+until ``yield_s`` when ranks outnumber cores (to each other) or while other work does not keep the
+cores busy; then sleep on a futex on the awaited peer's line number, having raised this rank's
+sleeping flag; a rank that posts wakes sleepers it sees flagged with one futex call. A wake-up lost
+to the flag's race costs at most ``sleep_ms``. Every wait keeps its deadline, calls ``idle`` every
+``idle_every`` seconds and looks for a gone peer every ``check_s``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ... import wire
+from ...errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, with_peer
+from .. import shmseg
+from .layout import (LINE_CALL, LINE_HEADER_AT, LINE_NUMBER, LINE_PAYLOAD_AT, LINE_PRINT, LINE_SLEEPING,
+                     LINES_FIRST, line_size)
+from .options import ShmOptions
+from .peer import Peer
+from .waiting import Waiting
+
+_SYS_FUTEX = 202  # x86-64's number; the transport runs nowhere else
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not private): the word lies in memory of several processes
+try:
+    _syscall = ctypes.CDLL(None, use_errno=True).syscall
+    _syscall.restype = ctypes.c_long
+except (OSError, TypeError, AttributeError):  # not a Unix libc: the transport is not available here anyway
+    _syscall = None
+_LOW = 0xFFFFFFFF  # a futex compares the word's low 32 bits (little-endian: its first four bytes)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class Lines:
+    """This rank's two lines and its peers', for the group's small collectives (see the module docstring).
+
+    ``size`` ranks ``0..size-1`` (every member is on this host); ``peers`` by rank; the lines area lies
+    at byte ``at`` of every rank's control segment.
+    """
+
+    def __init__(self, rank: int, segment: shmseg.Segment, words: memoryview, peers: dict[int, Peer], at: int,
+                 options: ShmOptions, waiting: Waiting):
+        self.rank = rank
+        self.size = len(peers) + 1
+        self.capacity = options.line_max  # payload bytes a line holds
+        self.options = options
+        self._words = words
+        self._waiting = waiting
+        self._sleeping = (at >> 3) + LINE_SLEEPING
+        self._peers = [peers[r] for r in range(self.size) if r != rank]
+        starts = [at + LINES_FIRST + parity * line_size(options.line_max) for parity in (0, 1)]
+        self._starts = starts  # byte offsets of the two lines in every rank's segment
+        self._maps = [peers[r].segment.map if r != rank else segment.map for r in range(self.size)]
+        self._heads = [start >> 3 for start in starts]  # our lines' first words
+        self._wakes = [segment.address + start for start in starts]  # our line numbers' addresses
+        self._shapes: dict[tuple, list[list[np.ndarray]]] = {}  # views by (dtype, count), see views()
+        self._theirs = [[(peer, peer.words, start >> 3, peer.segment.address + start) for peer in self._peers]
+                        for start in starts]
+
+    def views(self, dtype: np.dtype, count: int) -> list[list[np.ndarray]]:
+        """Every rank's line payloads as ``count`` items of ``dtype``, ``[parity][rank]``: made once per
+        shape, and emptied in place by :meth:`close`, so that no view keeps a segment mapped."""
+        shape = self._shapes.get((dtype, count))
+        if shape is None:
+            if count * dtype.itemsize > self.capacity:
+                raise ValueError(f"{count} items of {dtype} do not fit a line of {self.capacity} bytes")
+            shape = self._shapes[(dtype, count)] = [
+                [np.frombuffer(mapped, dtype, count, start + LINE_PAYLOAD_AT) for mapped in self._maps]
+                for start in self._starts]
+        return shape
+
+    def close(self) -> None:
+        """Drop every view on the lines (before the segments are unmapped)."""
+        for shape in self._shapes.values():
+            for per_rank in shape:
+                per_rank.clear()
+        self._shapes = {}
+
+    def post(self, number: int, call: int, fingerprint: int, header: bytes) -> None:
+        """Publish call ``number`` (its payload already written): group sequence number ``call``, the
+        fingerprint peers compare and the ``header`` (sequence number 0) a mismatch is described by."""
+        parity = number & 1
+        words, head = self._words, self._heads[parity]
+        if words[head + LINE_PRINT] != fingerprint:  # the header is rewritten only when the call's shape changes
+            start = self._starts[parity] + LINE_HEADER_AT
+            self._maps[self.rank][start:start + wire.HEADER_SIZE] = header
+            words[head + LINE_PRINT] = fingerprint
+        words[head + LINE_CALL] = call
+        words[head + LINE_NUMBER] = number
+        for peer in self._peers:
+            if peer.words[self._sleeping]:
+                _wake(self._wakes[parity])
+                return
+
+    def wait(self, number: int, call: int, fingerprint: int, deadline: float,
+             idle: Optional[Callable[[], None]] = None, idle_every: float = 1.0) -> None:
+        """Return once every peer has posted call ``number``, with the same ``call`` and ``fingerprint``.
+
+        Raises:
+            Mismatch: a peer posted a different call (naming each field that differs).
+            CommTimeout: at ``deadline``. PeerLost: an awaited peer exited, closed or aborted.
+        """
+        for peer, words, head, address in self._theirs[number & 1]:
+            if words[head + LINE_NUMBER] != number:
+                self._await(peer, words, head, address, number, deadline, idle, idle_every)
+            if words[head + LINE_CALL] != call or words[head + LINE_PRINT] != fingerprint:
+                raise self._mismatch(peer, number & 1)
+
+    def _await(self, peer: Peer, words: memoryview, head: int, address: int, number: int, deadline: float,
+               idle, idle_every: float) -> None:
+        options, monotonic = self.options, time.monotonic
+        start = quiet = checked = monotonic()
+        # Spin while every rank has a core. Yield when ranks outnumber cores (to each other), or while no other
+        # work keeps the cores busy; a yield to other work takes a whole time slice.
+        crowded = self._waiting.crowded
+        spin, relent = not crowded, crowded or not self._waiting.busy(start)
+        while words[head] != number:
+            now = monotonic()
+            elapsed = now - start
+            if spin and elapsed < options.spin_s:
+                continue
+            if now >= deadline:
+                raise with_peer(CommTimeout(f"waiting for rank {peer.rank}"), peer.rank)
+            if now - checked >= options.check_s:
+                checked = now
+                reason = peer.gone()
+                if reason is not None and words[head] != number:
+                    raise with_peer(PeerLost(reason), peer.rank)
+            if idle is not None and now - quiet >= idle_every:
+                idle()
+                quiet = now
+            if relent and elapsed < options.yield_s:
+                os.sched_yield()
+                continue
+            seen = words[head]
+            self._words[self._sleeping] = 1  # then look once more: a peer that posts after this wakes us
+            if words[head] == seen:
+                _wait(address, seen, min(options.sleep_ms / 1000, max(0.0, deadline - now)))
+            self._words[self._sleeping] = 0
+
+    def _mismatch(self, peer: Peer, parity: int) -> AllreduceError:
+        """The error for a peer whose line differs from ours: each field that differs, named."""
+        start, head = self._starts[parity], self._heads[parity]
+        theirs = peer.words[head + LINE_CALL]
+        try:
+            ours = wire.decode(bytes(self._maps[self.rank][start + LINE_HEADER_AT:][:wire.HEADER_SIZE]))
+            got = wire.decode(bytes(self._maps[peer.rank][start + LINE_HEADER_AT:][:wire.HEADER_SIZE]))
+            wire.check(ours._replace(seq=self._words[head + LINE_CALL] % wire.SEQ_MODULUS),
+                       got._replace(seq=theirs % wire.SEQ_MODULUS))
+            exc: AllreduceError = ProtocolError("a line changed while it was read")
+        except AllreduceError as error:
+            exc = error
+        return with_peer(type(exc)(f"rank {peer.rank}: {exc}"), peer.rank)
+
+
+def _wait(address: int, seen: int, seconds: float) -> None:
+    """Sleep until the word at ``address`` no longer holds ``seen`` (low 32 bits), a wake-up or ``seconds``."""
+    timeout = _Timespec(int(seconds), int(seconds % 1 * 1e9))
+    _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint(seen & _LOW), ctypes.byref(timeout),
+             None, 0)
+
+
+def _wake(address: int) -> None:
+    """Wake every process sleeping on the word at ``address``."""
+    _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 1 << 30, None, None, 0)
+
