@@ -10,6 +10,9 @@ the machine does not decide the verdict. The table gives, per size, the algorith
 time, the time of that same algorithm asked for by name, the best fixed algorithm and its time, and
 the ratios; the goal is auto / best at most 1.10. (The best of eight fixed rows is the smallest of
 eight noisy samples, so on a busy machine it is biased low; pick / best compares like with like.)
+On shared memory, sizes up to the lines' capacity (``ALLREDUCE_SHM_LINE_MAX``) take the lines, which
+no named algorithm takes: there auto picks "lines", its row is what a user gets, and pick / best is
+left empty.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import tempfile
 import time
 
 from allreduce import algorithms, planner
+from allreduce.planner import costmodel
 from allreduce.sim.sweep import format_bytes
+from allreduce.transport.shm.options import ShmOptions
 
 GOAL = 1.10
 
@@ -64,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# auto vs fixed, {time.strftime('%Y-%m-%d %H:%M')}, {os.uname().nodename} ({os.cpu_count()} cpus), "
               f"transport {transport}, profile {'fresh from allreduce tune' if args.profile is None else profile_path}, "
               f"best of {args.rounds} round(s) of {args.iters} iterations")
+        link = costmodel.load(profile_path).link(transport, "intra")
+        print(f"# {transport} link: alpha {link.alpha * 1e6:.0f} us, step {link.step * 1e6:.0f} us, beta "
+              f"{link.beta * 1e9:.3f} ns/B, duplex {link.duplex:.2f}, crowded {link.crowded:.2f}; load {os.getloadavg()[0]:.1f}")
         worst = 0.0
         for n in args.n or [2, 4]:
             best: dict[tuple[int, str], float] = {}
@@ -85,12 +93,16 @@ def report(n: int, best: dict, names: list[str], transport: str) -> float:
     for size in sorted({size for size, _ in best}):
         fixed = {name: best[size, name] for name in names if (size, name) in best}
         winner = min(fixed, key=fixed.get)
-        pick = planner.choose("all_reduce", "auto", size, n, hosts=1, dtype="float32", transport=transport)
-        ratio, pick_ratio = best[size, "auto"] / fixed[winner], fixed[pick] / fixed[winner]
+        ratio = best[size, "auto"] / fixed[winner]
         worst = max(worst, ratio)
         flag = "" if ratio <= GOAL else " **"
-        print(f"| {format_bytes(size)} | {pick} | {best[size, 'auto']:.0f} | {fixed[pick]:.0f} | {winner} "
-              f"| {fixed[winner]:.0f} | {ratio:.2f}{flag} | {pick_ratio:.2f} |")
+        if transport == "shm" and size <= ShmOptions.from_env().line_max:
+            pick, pick_fixed, pick_ratio = "lines", "", ""
+        else:
+            pick = planner.choose("all_reduce", "auto", size, n, hosts=1, dtype="float32", transport=transport)
+            pick_fixed, pick_ratio = f"{fixed[pick]:.0f}", f"{fixed[pick] / fixed[winner]:.2f}"
+        print(f"| {format_bytes(size)} | {pick} | {best[size, 'auto']:.0f} | {pick_fixed} | {winner} "
+              f"| {fixed[winner]:.0f} | {ratio:.2f}{flag} | {pick_ratio} |")
     return worst
 
 

@@ -12,8 +12,8 @@ simulator from that profile and the table gives both times and the error
 
 - *host*: 2 and 4 ranks on this machine (``--host-ranks``), over the transport the library picks
   (shared memory where available, else loopback TCP; ``ALLREDUCE_TRANSPORT`` forces one), tuned with
-  the same transport. The model knows nothing of ranks outnumbering cores: on a 2-core machine the
-  4-rank run also measures the scheduler.
+  the same transport; the tune's per-step cost and its crowded share (ranks outnumbering cores, as 4
+  ranks do on a 2-core machine) are what the small sizes test.
 - *netns*: 4 network namespaces on one bridge, each link capped at ``--rate`` both ways by ``tc tbf``
   (``tests/netns.py``), one rank per namespace, so every rank is its own host; tuned between
   namespaces 0 and 1 (``--scope inter``). Needs root; skipped with a message where namespaces fail.
@@ -129,7 +129,8 @@ def compare(rows: list[dict], profile: costmodel.Profile, ranks: int, hosts: int
 def report(title: str, table: list[dict], profile: costmodel.Profile, transport: str, scope: str) -> None:
     link = profile.link(transport, scope)
     print(f"# {title}: {transport} {scope}-host alpha {link.alpha * 1e6:.1f} us, beta {link.beta * 1e9:.3f} ns/B "
-          f"({1 / link.beta / 1e9:.3f} GB/s), duplex {link.duplex:.2f}; gamma {profile.gamma_for('float32') * 1e9:.3f} ns/B")
+          f"({1 / link.beta / 1e9:.3f} GB/s), duplex {link.duplex:.2f}, step {link.step * 1e6:.1f} us, crowded "
+          f"{link.crowded:.2f}; gamma {profile.gamma_for('float32') * 1e9:.3f} ns/B")
     print(f"| {'algorithm':<13}| {'size':>9} | {'measured (us)':>13} | {'predicted (us)':>14} | {'error':>7} |")
     print(f"|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 16}|{'-' * 9}|")
     for r in table:

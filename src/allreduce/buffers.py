@@ -42,15 +42,18 @@ def flat(arr: np.ndarray) -> np.ndarray:
 
 
 def _torch_view(t, what: str) -> np.ndarray:
-    if t.device.type != "cpu":
+    """The numpy view of a contiguous CPU tensor; the common case (no grad, not bfloat16) asks torch only
+    what it must, since this runs on every small call (``t`` is a torch object: torch is loaded)."""
+    import torch
+
+    if not t.is_cpu:
         raise TypeError(f"{what} is on {t.device}; pass a CPU tensor (or use allreduce.torch, which stages it)")
     if not t.is_contiguous():
         raise ValueError(f"{what} must be contiguous; call .contiguous() and copy the result back")
-    t = t.detach()
-    if str(t.dtype) == "torch.bfloat16":
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype is torch.bfloat16:
         if bfloat16 is None:
             raise TypeError("bfloat16 tensors need the ml_dtypes package (pip install ml_dtypes)")
-        import torch
-
         return t.view(torch.int16).numpy().view(bfloat16)
     return t.numpy()

@@ -133,7 +133,8 @@ class ProcessGroup:
         ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
         (see :func:`finish_reduction`).
         """
-        if self._lines is not None and (algorithm is None or algorithm == "auto"):
+        usable = self._broken is None and not self._closed  # else the checks below say why not
+        if self._lines is not None and usable and (algorithm is None or algorithm == "auto"):
             plan = self._plans.get((collective, count, dtype, op, root), False)
             if plan is False:
                 plan = self._plan_lines(collective, count, dtype, op, root)
@@ -162,8 +163,10 @@ class ProcessGroup:
         """The lines' plan for this call shape (``None``: it takes the schedules), remembered."""
         if len(self._plans) > 4096:
             self._plans.clear()
-        plan = self._plans[(collective, count, dtype, op, root)] = fastpath.plan(self._lines, collective, count,
-                                                                                 dtype, op, root)
+        plan = fastpath.plan(self._lines, collective, count, dtype, op, root)
+        if plan is not None and logs.DETAIL:  # as the executor: logged only when DETAIL asks, at no cost otherwise
+            plan = logs.TimedPlan(plan, self.ranks[self.rank])
+        self._plans[(collective, count, dtype, op, root)] = plan
         return plan
 
     def _run_lines(self, plan: fastpath.Plan, buffers, after, async_op: bool) -> Work | None:

@@ -12,8 +12,8 @@ one line each, tagged with the rank, in the manner of ``NCCL_DEBUG``:
   each call shape gets;
 - ``DETAIL``: also every collective's fingerprint and time, per rank.
 
-``DETAIL`` wraps a group's executor when the group forms, so that with it off a collective pays
-nothing for logging.
+``DETAIL`` wraps a group's executor when the group forms (and each small-message plan when it is
+made), so that with it off a collective pays nothing for logging.
 """
 
 from __future__ import annotations
@@ -89,10 +89,38 @@ class TimedExecutor:
         try:
             return self._executor.run(schedule, buffers, call, *args, **kwargs)
         finally:
-            self._log.debug("rank %d: %s #%d %s count=%d %s %s root=%d digest=%s: %.1f us", self._rank,
-                            call.collective, call.seq, call.algorithm, call.count, call.dtype,
-                            getattr(call.op, "name", call.op), call.root, getattr(call, "digest", "-"),
-                            (time.perf_counter() - start) * 1e6)
+            _log_call(self._log, self._rank, call, call.seq, start)
 
     def __getattr__(self, name: str):
         return getattr(self._executor, name)
+
+
+class TimedPlan:
+    """A small-message plan (:mod:`allreduce.fastpath`) that logs each run as :class:`TimedExecutor` logs
+    a collective: the lines bypass the executor, so ``DETAIL`` wraps their plans too (when each is made).
+
+    Wraps any object with ``call`` and ``run(buffers, number, seq, ...)``; passes everything else through.
+    """
+
+    def __init__(self, plan, rank: int):
+        self._plan = plan
+        self._log = get("collective")
+        self._rank = rank
+
+    def run(self, buffers, number: int, seq: int, *args, **kwargs):
+        """Run the plan as call ``seq``, then log it with the seconds it took."""
+        start = time.perf_counter()
+        try:
+            return self._plan.run(buffers, number, seq, *args, **kwargs)
+        finally:
+            _log_call(self._log, self._rank, self._plan.call, seq, start)
+
+    def __getattr__(self, name: str):
+        return getattr(self._plan, name)
+
+
+def _log_call(log: logging.Logger, rank: int, call, seq: int, start: float) -> None:
+    """One ``DETAIL`` line: the call's fingerprint fields and its time since ``start`` (``perf_counter``)."""
+    log.debug("rank %d: %s #%d %s count=%d %s %s root=%d digest=%s: %.1f us", rank, call.collective, seq,
+              call.algorithm, call.count, call.dtype, getattr(call.op, "name", call.op), call.root,
+              getattr(call, "digest", "-"), (time.perf_counter() - start) * 1e6)

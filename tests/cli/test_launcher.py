@@ -84,7 +84,7 @@ def _gone(pid: int) -> bool:
         return True
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:  # reaped just now, or no /proc (not Linux: then kill's answer stands)
+    except (FileNotFoundError, ProcessLookupError):  # reaped just now, or no /proc (not Linux: kill's answer stands)
         return Path("/proc/self").exists()
 
 

@@ -83,6 +83,8 @@ dist.init_process_group()
 x = np.arange(6, dtype=np.float32)
 dist.all_reduce(x, algorithm="ring")
 assert x.tolist() == [2.0 * i for i in range(6)]
+dist.all_reduce(x)  # a small call left to the library: the shared-memory lines, logged as well
+assert x.tolist() == [4.0 * i for i in range(6)]
 dist.destroy_process_group()
 """
 
@@ -99,6 +101,8 @@ def test_detail_logs_rendezvous_transports_algorithms_and_each_collective_per_ra
         assert any(f"rank {rank}/2 reaches ranks [{1 - rank}] by" in l for l in mine), mine
         assert any("all_reduce of 24 bytes (float32) runs ring" in l for l in mine), mine
         assert any(f"rank {rank}: all_reduce #1 ring count=6 float32 SUM root=0 digest=" in l and l.endswith(" us")
+                   for l in mine), mine
+        assert any(f"rank {rank}: all_reduce #2 lines count=6 float32 SUM root=0 digest=" in l and l.endswith(" us")
                    for l in mine), mine
     assert "hosted by this rank" in done.stderr
 

@@ -116,6 +116,67 @@ def test_async_calls_mixed_with_blocking_ones():
     assert run_ranks(_async_mixed, 3, timeout=30) == [want] * 3
 
 
+def _spin_windows(rank, size):
+    """Rank 1 calls 150 us after each call (busy, so it stays on its core), then 20 ms after: rank 0's
+    spin windows while it waits, with the load average read as the cores plus one (our spinning ranks
+    and nothing else: where the window follows the peers)."""
+    from allreduce.transport.shm import waiting
+
+    load = len(os.sched_getaffinity(0)) + 1.0
+    waiting.os.getloadavg = lambda: (load, load, load)
+    time.sleep(1.1)  # past the last real reading of the load, which is kept for a second
+    lines = dist.default_group()._lines
+    windows, wrong = [], []
+    for i, gap in enumerate([150e-6] * 300 + [20e-3] * 20):
+        if rank == 1:
+            if gap < 1e-3:
+                start = time.perf_counter()
+                while time.perf_counter() - start < gap:
+                    pass
+            else:
+                time.sleep(gap)
+        x = np.full(2, rank + i, np.float32)
+        dist.all_reduce(x)
+        if x.tolist() != [2.0 * i + 1] * 2:
+            wrong.append(i)
+        windows.append(lines.spin)
+    return windows, wrong
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two cores to spin")
+def test_the_spin_window_widens_for_a_steady_slower_peer_and_shrinks_back_when_it_idles():
+    options = shm.ShmOptions()
+    (windows, wrong), (windows_1, wrong_1) = run_ranks(_spin_windows, 2, timeout=30)
+    assert wrong == wrong_1 == []
+    # Rank 0 waits for rank 1, unless a loaded machine slows rank 0 more: then rank 1 waits for it.
+    steady = windows[:300] + windows_1[:300]
+    assert options.spin_s < max(steady) <= options.spin_max_s, max(steady)
+    assert min(windows[300:]) == options.spin_s, windows[300:]  # halved back after waits past spin_max_s
+
+
+def test_the_spin_window_policy():
+    from allreduce.transport.shm.lines import Lines
+
+    lines = Lines.__new__(Lines)  # the policy alone: no segments
+    lines.options = shm.ShmOptions(spin_s=50e-6, spin_max_s=300e-6)
+    lines.spin = 50e-6
+    lines._follow(20e-6)  # a wait within the window changes nothing
+    assert lines.spin == 50e-6
+    lines._follow(80e-6)  # ended soon after the window: twice that wait
+    assert lines.spin == pytest.approx(160e-6)
+    lines._follow(200e-6)  # twice would pass the cap
+    assert lines.spin == pytest.approx(300e-6)
+    lines._follow(5e-3)  # a long wait halves it, never below spin_s
+    assert lines.spin == pytest.approx(150e-6)
+    for _ in range(5):
+        lines._follow(1.0)
+    assert lines.spin == 50e-6
+    lines.options = shm.ShmOptions(spin_s=1e-3, spin_max_s=300e-6)  # a cap below spin_s: spin_s holds
+    lines.spin = 1e-3
+    lines._follow(2e-3)
+    assert lines.spin == 1e-3
+
+
 # ---- failures ----------------------------------------------------------------------------------
 
 def _mismatch(how):

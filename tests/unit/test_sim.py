@@ -139,6 +139,32 @@ def test_ranks_beyond_the_cores_take_turns_but_the_nic_does_not():
     assert crowded.stretch(8) == 2.0 and crowded.stretch(4) == 1.0
 
 
+@pytest.mark.parametrize("name, steps", [("ring", 6), ("direct", 2), ("recursive_doubling", 2)])
+def test_a_step_costs_once_however_many_messages_it_has(name, steps):
+    stepping = Network(Link(A, B, step=3e-5), Link(A2, B2), gamma=G, copy=C)
+    extra = simulate("all_reduce", name, 4096, 4, stepping).time - simulate("all_reduce", name, 4096, 4, net()).time
+    assert extra == pytest.approx(steps * 3e-5, rel=1e-9)
+
+
+def test_crowded_ranks_stretch_alpha_and_step_by_their_measured_share():
+    crowded = Network(Link(A, B, step=2e-5, crowded=0.5), Link(A2, B2), gamma=G, cores=2)  # 4 ranks: 2x
+    m = 4 * 4000
+    want = 2 * 3 * (0.5 * 2 * (A + 2e-5) + m / 4 * 2 * B) + 3 * m / 4 * 2 * G  # beta, gamma: all of the 2x
+    assert simulate("all_reduce", "ring", m, 4, crowded).time == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ValueError, match="crowded"):
+        Link(A, B, crowded=0.0)
+
+
+def test_only_the_busy_ranks_of_a_step_share_the_cores():
+    # reduce_bcast on 4 ranks: its first reduce and last broadcast step keep all 4 busy, the other two 2
+    crowded = Network(Link(A, B), Link(A2, B2), gamma=G, cores=2)
+    m = 4096
+    want = 2 * (2 * A + m * 2 * B) + 2 * (A + m * B) + m * 2 * G + m * G
+    assert simulate("all_reduce", "reduce_bcast", m, 4, crowded).time == pytest.approx(want, rel=1e-9)
+    flow = traffic.extract("all_reduce", "reduce_bcast", 4, m, 1)
+    assert flow.busy().tolist() == [4, 2, 2, 4]
+
+
 def test_hosts_must_divide_the_world():
     with pytest.raises(ValueError, match="evenly"):
         simulate("all_reduce", "ring", 1024, 6, net(hosts=4))
@@ -251,7 +277,7 @@ def test_simulate_command(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "ring" in out and "cell" in out
     assert json.loads(trace.read_text())["traceEvents"]
-    assert cli.main(["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast"]) == 0
+    assert cli.main(["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast", "--cores", "8"]) == 0
     assert "crossover" in capsys.readouterr().out
 
 

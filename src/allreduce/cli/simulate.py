@@ -1,7 +1,7 @@
 """``allreduce simulate``: predict a collective's time on any number of ranks, without starting any.
 
 The network comes from the cost profile (``--profile``, else the one ``allreduce tune`` stored, else
-the built-in defaults); ``--alpha``, ``--beta``, ``--duplex`` replace every link's figures, the
+the built-in defaults); ``--alpha``, ``--beta``, ``--duplex``, ``--step`` replace every link's figures, the
 ``--inter-*`` flags the inter-host link's alone, and ``--cores`` the cores per host. Quantities take units: ``25us``, ``10Gbit/s``,
 ``1.25GB/s`` (a bandwidth becomes beta = 1 / bandwidth), or plain seconds and seconds per byte.
 """
@@ -54,7 +54,8 @@ def parse_per_byte(text: str) -> float:
 def network_from_args(args: argparse.Namespace) -> Network:
     """The profile's network for ``--hosts`` and ``--dtype``, with the flags' replacements."""
     network = costmodel.load(args.profile or Settings.from_env().profile).network(args.hosts, args.dtype)
-    uniform = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("duplex", args.duplex)) if v is not None}
+    uniform = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("duplex", args.duplex),
+                                 ("step", args.step)) if v is not None}
     inter = {k: v for k, v in (("alpha", args.inter_alpha), ("beta", args.inter_beta),
                                 ("duplex", args.inter_duplex)) if v is not None}
     return dataclasses.replace(
@@ -90,6 +91,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--alpha", type=_arg(parse_seconds), help="seconds per message on every link (e.g. 25us)")
     parser.add_argument("--beta", type=_arg(parse_per_byte), help="seconds per byte or bandwidth of every link")
     parser.add_argument("--duplex", type=float, help="1 = full duplex .. 2 = half duplex, every link")
+    parser.add_argument("--step", type=_arg(parse_seconds),
+                        help="seconds per schedule step, however many messages it has, on every link (e.g. 100us)")
     parser.add_argument("--inter-alpha", type=_arg(parse_seconds), help="alpha of the inter-host link only")
     parser.add_argument("--inter-beta", type=_arg(parse_per_byte), help="beta (or bandwidth) of a host's NIC only")
     parser.add_argument("--inter-duplex", type=float, help="duplex of the inter-host link only")
@@ -125,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     itemsize = itemsize_of(args.dtype)
     print(f"# {args.collective} on {args.nranks} ranks, {args.hosts} host(s), {args.dtype}; "
           f"intra alpha {network.intra.alpha * 1e6:.1f} us beta {network.intra.beta * 1e9:.3f} ns/B "
-          f"duplex {network.intra.duplex:.2f}; inter alpha {network.inter.alpha * 1e6:.1f} us "
+          f"duplex {network.intra.duplex:.2f} step {network.intra.step * 1e6:.1f} us; inter alpha {network.inter.alpha * 1e6:.1f} us "
           f"beta {network.inter.beta * 1e9:.3f} ns/B; gamma {network.gamma * 1e9:.3f} ns/B; "
           f"{network.cores or 'unlimited'} cores per host (local work x{network.stretch(args.nranks):g})")
     if args.sweep:

@@ -6,12 +6,19 @@ are a single known step, through the same API and executor that real collectives
 - *exchange*: a ring all-gather on two ranks is one step in which both ranks send and receive ``m``
   bytes at once (after copying ``m`` bytes locally), as most steps of most algorithms are; its time
   at sizes up to 4 KiB is alpha;
-- *ping-pong*: a two-rank gather to rank 0 then one to rank 1 is a round trip of one message each
+- *ping-pong*: a two-rank broadcast from rank 0 then one from rank 1 is a round trip of one message each
   way on the collectives' transport; the slope of half of it over sizes from 256 KiB to 16 MiB is beta;
 - *duplex*: how much slower the large exchanges are than one direction alone, from 1 (independent
   directions) to 2 (one shared pipe, as loopback is when the CPU copies every byte);
 - *gamma* per dtype: the SUM kernel (a numpy ufunc with ``out=``) on 16 MiB, on rank 0; *copy*:
   ``np.copyto`` likewise.
+
+Then :data:`STEP_RANKS` ranks time an 8-byte all-reduce with each of :data:`STEP_PROBES` (many
+steps of one message, few steps, few steps of many messages). The two-rank alpha is one step of one
+message; these times split it into a fixed cost per step (``step``) and one per message (``alpha``),
+and, where the ranks outnumber the cores, tell how much of the ranks / cores stretch those fixed costs
+take (``crowded``: below 1 where a waiting rank's core serves its peers, above 1 where every step
+also waits for the scheduler); see :func:`fit_step`.
 
 Each size is timed over many iterations and summarized by the median iteration, which a busy machine
 disturbs least, and the fastest of ``--rounds`` such medians is kept; the local costs, which involve
@@ -26,6 +33,7 @@ seconds per transport over loopback or shared memory, half a minute over a 400 M
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -41,7 +49,7 @@ from allreduce.cli import launcher
 from allreduce.planner import costmodel
 from allreduce.settings import Settings
 from allreduce.ops import ReduceOp, kernel
-from allreduce.model.network import Link
+from allreduce.model.network import Link, Network
 from allreduce.transport import shm
 
 EXCHANGE_SIZES = (8, 64, 512, 4 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -49,6 +57,9 @@ PING_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 SMALL = 4 << 10  # exchanges up to this size give alpha
 LARGE = 256 << 10  # sizes from this give beta and duplex
 LOCAL_BYTES = 16 << 20  # buffer for gamma and copy
+STEP_RANKS = 4  # ranks of the per-step measurement
+STEP_PROBES = ("ring", "recursive_doubling", "direct")  # all-reduces of different step counts
+PROBE_BYTES = 8
 
 
 def fit_link(ping_sizes, ping, exchange_sizes, exchange, copy: float) -> Link:
@@ -76,6 +87,40 @@ def fit_link(ping_sizes, ping, exchange_sizes, exchange, copy: float) -> Link:
         ratio = (exchange[big] - alpha - copy * exchange_sizes[big]) / (beta * exchange_sizes[big])
         duplex = float(np.clip(np.median(ratio), 1.0, 2.0))
     return Link(alpha, beta, duplex)
+
+
+def fit_step(link: Link, seconds: dict[str, float], size: int, cores: int) -> Link:
+    """``link`` with its per-step cost, and its ``crowded`` share where ``size`` ranks outnumber
+    ``cores``, fitted to ``seconds``: the measured time of a :data:`PROBE_BYTES` all-reduce per
+    algorithm on ``size`` ranks of one host.
+
+    ``link.alpha`` is what one step of one message costs (the two-rank exchange); the fit splits it
+    into a per-step part and a per-message part, which algorithms that send several messages per
+    step tell apart. Least squares over ``t = slow c (steps s + messages (alpha - s))``, linear in
+    ``c s`` and ``c``.
+    """
+    whole = link.alpha + link.step
+    bare = dataclasses.replace(link, alpha=1.0, beta=0.0, step=0.0, crowded=1.0)
+    unit = Network(bare, bare, 0.0, 0.0, 1, 0)
+    slow = Network(bare, bare, cores=cores).stretch(size)
+    rows, measured = [], []
+    for name, t in seconds.items():
+        messages = costmodel.predict("all_reduce", name, PROBE_BYTES, size, unit, 1)  # alpha counted by the formula
+        steps = costmodel.step_count("all_reduce", name, size, PROBE_BYTES)
+        rows.append([slow * (steps - messages), slow * messages * whole])
+        measured.append(t)
+    (cs, c), *_ = np.linalg.lstsq(np.array(rows), np.array(measured), rcond=None)
+    c = float(np.clip(c, 0.25, 4.0)) if slow > 1.0 else 1.0
+    step = float(np.clip(cs / c, 0.0, whole))
+    return dataclasses.replace(link, alpha=whole - step, step=step, crowded=c)
+
+
+def measure_steps(rounds: int) -> dict[str, float]:
+    """On every rank of a job: seconds of a :data:`PROBE_BYTES` all-reduce per :data:`STEP_PROBES`
+    algorithm, the fastest of ``rounds`` medians."""
+    x = np.zeros(PROBE_BYTES, np.uint8)
+    return {name: min(_synced(lambda name=name: dist.all_reduce(x, algorithm=name), 100) for _ in range(rounds))
+            for name in STEP_PROBES}
 
 
 def local_costs() -> tuple[dict[str, float], float]:
@@ -120,16 +165,15 @@ def measure_link() -> tuple[list[float], list[float]]:
         x, out = np.zeros(nbytes, np.uint8), np.zeros(2 * nbytes, np.uint8)
         exchange.append(_synced(lambda x=x, out=out: dist.all_gather_into_tensor(out, x, algorithm="ring"),
                                 _iters(nbytes)))
-    rank = dist.get_rank()
     ping = []
     for nbytes in PING_SIZES:
-        x, blocks = np.zeros(nbytes, np.uint8), [np.empty(nbytes, np.uint8) for _ in range(2)]
+        x = np.zeros(nbytes, np.uint8)
 
-        def round_trip(x=x, blocks=blocks):
-            # a two-rank gather is one message, rank to root, on the collectives' transport (send/recv
-            # have links of their own); one to each rank is a round trip
+        def round_trip(x=x):
+            # a two-rank broadcast is one message into the receiver's buffer, on the collectives'
+            # transport (send/recv have links of their own); one from each rank is a round trip
             for root in (0, 1):
-                dist.gather(x, blocks if rank == root else None, dst=root, algorithm="binomial")
+                dist.broadcast(x, src=root, algorithm="binomial")
 
         ping.append(_synced(round_trip, _iters(nbytes)) / 2)
     return ping, exchange
@@ -193,6 +237,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--job", action="store_true",
                         help="run as one of the two ranks of the current job instead of starting them")
     parser.add_argument("--raw", action="store_true", help="also print the raw timings")
+    parser.add_argument("--steps", action="store_true",
+                        help=f"with --job: measure only the per-step cost, as one of {STEP_RANKS} ranks of one host")
     parser.set_defaults(main=main, error=parser.error)
     return parser
 
@@ -223,6 +269,10 @@ def main(args: argparse.Namespace) -> int:
                    "--transport", transport, "--rounds", str(args.rounds)] + (["--raw"] if args.raw else [])
             status = launcher.launch(launcher.LaunchConfig(nproc=2, tag_output=False), cmd,
                                      {"ALLREDUCE_TRANSPORT": transport})  # the group measures this one
+            if status == 0 and args.scope == "intra":
+                print(f"# measuring the {transport} per-step cost on {STEP_RANKS} ranks...", file=sys.stderr, flush=True)
+                status = launcher.launch(launcher.LaunchConfig(nproc=STEP_RANKS, tag_output=False),
+                                         cmd + ["--steps"], {"ALLREDUCE_TRANSPORT": transport})
             if status:
                 return status
         return 0
@@ -234,6 +284,8 @@ def main(args: argparse.Namespace) -> int:
         dist.init_process_group()
     except ValueError as exc:
         args.error(f"{exc}; or leave out --job to start two ranks here")
+    if args.steps:
+        return _tune_steps(chosen[0], output, args.rounds)
     try:
         measured, raw = tune(chosen[0], args.scope, args.rounds)
     except ValueError as exc:
@@ -253,4 +305,21 @@ def main(args: argparse.Namespace) -> int:
     if args.raw:
         print(json.dumps(raw, indent=1))
     print(json.dumps(profile.to_json(), indent=1))
+    return 0
+
+
+def _tune_steps(transport: str, output: str, rounds: int) -> int:
+    """As one rank of a job on one host: measure the per-step cost and add it to the profile's link."""
+    size, rank = dist.get_world_size(), dist.get_rank()
+    try:
+        seconds = measure_steps(rounds)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    kept = costmodel.load(output) if os.path.exists(output) else costmodel.DEFAULT
+    link = fit_step(kept.link(transport, "intra"), seconds, size, os.cpu_count() or 0)
+    costmodel.save(kept.updated({(transport, "intra"): link}), output)
+    print(f"# {transport} on {size} ranks ({', '.join(f'{k} {v * 1e6:.0f} us' for k, v in seconds.items())}): "
+          f"{link.step * 1e6:.1f} us per step, {link.alpha * 1e6:.1f} us per message, crowded {link.crowded:.2f}")
     return 0

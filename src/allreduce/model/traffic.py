@@ -54,6 +54,23 @@ class Traffic:
     def steps(self) -> int:
         return len(self.offsets) - 1
 
+    def busy(self) -> np.ndarray:
+        """Per step, the most ranks of one host that send, receive or copy in it (a cell of one rank
+        stands for the whole host, every rank of which does what it does)."""
+        lengths = np.diff(self.offsets) + np.diff(self.copy_offsets)
+        if self.ranks == 1:
+            return np.where(lengths > 0, self.size, 0)
+        steps = np.arange(self.steps)
+        step = np.concatenate([np.repeat(steps, np.diff(self.offsets))] * 2 +
+                              [np.repeat(steps, np.diff(self.copy_offsets))])
+        rank = np.concatenate([self.src, self.dst, self.copy_rank])
+        host_of = np.zeros(self.ranks, np.int64)
+        host_of[self.src], host_of[self.dst] = self.src_host, self.dst_host
+        pairs = np.unique(step * self.ranks + rank)
+        counts = np.zeros((self.steps, self.hosts), np.int64)
+        np.add.at(counts, (pairs // self.ranks, host_of[pairs % self.ranks]), 1)
+        return counts.max(axis=1, initial=0)
+
     @property
     def messages(self) -> int:
         """Messages in the whole world (a cell stands for ``size / ranks`` copies of itself)."""

@@ -420,11 +420,12 @@ class Engine(Progress):
         self._resolved.append((op.future, error))
 
     def _settle(self) -> list:
-        """The futures to settle, taken under the lock; the failure to report, if any."""
+        """The futures to settle, taken under the lock, after the failure to report, if any: the group
+        is broken before a waiter wakes, so that its next call cannot start on a group being aborted."""
         done, self._resolved = self._resolved, []
         told, self._told = self._told, None
         if told is not None:
-            done.append((None, told))
+            done.insert(0, (None, told))
         return done
 
     def _resolve(self, done: list) -> None:

@@ -18,9 +18,12 @@ priced on one *effective link*: on one host the intra-host link; with one rank p
 inter-host link; otherwise the inter-host link with its bandwidth divided by the number of the host's
 ranks that the algorithm has crossing hosts at once (counted from its schedules, once per world size;
 all of the fullest host's ranks when hosts differ in size), which is what the host's NIC sees.
-``beta`` is multiplied by ``duplex`` because the busy ranks of these algorithms send and receive in
-the same step. The formulas count no local copies, so the busiest rank's copies (counted from the
-schedules, once per world size) are added at ``copy`` per byte. The simulator (:mod:`allreduce.sim`)
+``beta`` is multiplied by ``duplex`` where some rank of the algorithm sends and receives in the same
+step (counted from its schedules, once per world size), as most do; a binomial tree's ranks take
+turns. The formulas count no local copies, so the busiest rank's copies (counted from the
+schedules, once per world size) are added at ``copy`` per byte, and each of the busiest rank's schedule
+steps (counted from the schedules) at the link's ``step`` (a pipelined entry, whose steps are its
+chunks, pays it with each chunk's alpha). The simulator (:mod:`allreduce.sim`)
 times the same schedules message by message when a finer answer is worth the wait;
 ``allreduce plan --simulate`` shows both.
 """
@@ -88,7 +91,8 @@ class Profile:
     def to_json(self) -> dict:
         links: dict = {}
         for t, s, link in self.links:
-            links.setdefault(t, {})[s] = {"alpha": link.alpha, "beta": link.beta, "duplex": link.duplex}
+            links.setdefault(t, {})[s] = {"alpha": link.alpha, "beta": link.beta, "duplex": link.duplex,
+                                          "step": link.step, "crowded": link.crowded}
         return {"format": FORMAT, "machine": self.machine, "cores": self.cores, "links": links,
                 "gamma": dict(self.gamma), "copy": self.copy}
 
@@ -155,7 +159,8 @@ def from_json(data: dict, source: str = "") -> Profile:
         for scope, fields in scopes.items():
             if transport not in TRANSPORTS or scope not in SCOPES:
                 raise ValueError(f"unknown link {transport}/{scope}; known transports {TRANSPORTS}, scopes {SCOPES}")
-            links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]), float(fields.get("duplex", 1.0)))
+            links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]), float(fields.get("duplex", 1.0)),
+                                           float(fields.get("step", 0.0)), float(fields.get("crowded", 1.0)))
     gamma = {str(np.dtype(name)): float(value) for name, value in data.get("gamma", {}).items()}
     cores = data.get("cores")
     profile = DEFAULT.updated(links, gamma, data.get("copy"), data.get("machine", ""), None if cores is None else int(cores))
@@ -181,26 +186,88 @@ def predict(collective: str, name: str, nbytes: int, size: int, network: Network
         return None
     if size == 1:
         return 0.0
-    network = network.for_ranks(size)
-    alpha, beta = effective_link(collective, name, size, network)
-    extra = {"chunk_bytes": entry.options["chunk"] * itemsize} if "chunk" in entry.options else {}
+    network = network.stretched(*crowding(collective, name, size, network)) if network.stretch(size) > 1.0 \
+        else network.for_ranks(size)
+    alpha, beta = effective_link(collective, name, size, network, exchanges(collective, name, size))
+    step = step_cost(size, network)
     facts = collectives.get(collective)
-    whole = facts.whole(facts.count_for(nbytes, size, itemsize), size) * itemsize
+    count = facts.count_for(nbytes, size, itemsize)
+    whole = facts.whole(count, size) * itemsize
     copying = network.copy * copy_share(collective, name, size) * whole
-    return float(entry.cost(size, whole, alpha, beta, network.gamma, **extra)) + copying
+    if "chunk" in entry.options:  # a pipeline's steps are its chunks, each paying alpha
+        extra, stepping = {"chunk_bytes": entry.options["chunk"] * itemsize}, 0.0
+        alpha += step
+    else:
+        extra, stepping = {}, step * step_count(collective, name, size, min(count, 64 * size))
+    return float(entry.cost(size, whole, alpha, beta, network.gamma, **extra)) + copying + stepping
 
 
-def effective_link(collective: str, name: str, size: int, network: Network) -> tuple[float, float]:
-    """``(alpha, beta)`` of the single link the formula of ``name`` is priced on (module docstring)."""
+def step_cost(size: int, network: Network) -> float:
+    """Seconds per schedule step on the link of :func:`effective_link` (``network`` already stretched)."""
+    if network.hosts == 1:
+        return network.intra.step
+    return network.inter.step if network.hosts >= size else max(network.intra.step, network.inter.step)
+
+
+@functools.lru_cache(maxsize=1024)
+def step_count(collective: str, name: str, size: int, count: int) -> int:
+    """Schedule steps of ``name`` on ``size`` ranks for ``count`` elements (empty steps left out)."""
+    return traffic.extract(collective, name, size, count, 1).steps
+
+
+def effective_link(collective: str, name: str, size: int, network: Network, duplex: bool = True) -> tuple[float, float]:
+    """``(alpha, beta)`` of the single link the formula of ``name`` is priced on (module docstring);
+    ``duplex``: whether its ranks send and receive at once (see :func:`exchanges`)."""
     intra, inter = network.intra, network.inter
+    intra_beta = intra.beta * (intra.duplex if duplex else 1.0)
+    inter_beta = inter.beta * (inter.duplex if duplex else 1.0)
     hosts = network.hosts
     if hosts == 1:
-        return intra.alpha, intra.beta * intra.duplex
+        return intra.alpha, intra_beta
     if hosts >= size:
-        return inter.alpha, inter.beta * inter.duplex
+        return inter.alpha, inter_beta
     # hosts of unequal size: as if the fullest host's ranks all crossed at once
     share = nic_share(collective, name, size, hosts) if size % hosts == 0 else -(-size // hosts)
-    return max(intra.alpha, inter.alpha), max(intra.beta * intra.duplex, inter.beta * inter.duplex * share)
+    return max(intra.alpha, inter.alpha), max(intra_beta, inter_beta * share)
+
+
+def crowding(collective: str, name: str, size: int, network: Network) -> tuple[float, float]:
+    """How much slower ``name``'s per-byte and its fixed costs are where a host's ranks outnumber its
+    cores: each step is stretched by its busy ranks (:meth:`Network.stretch`), weighted by the bytes
+    of the step's busiest rank and by steps respectively. A pipeline keeps every rank busy once full."""
+    if "chunk" in algorithms.get(collective, name).options:
+        return network.stretch(size), network.stretch(size)
+    busy, weight = activity(collective, name, size, network.hosts)
+    slow = np.array([network.stretch(size, b) for b in busy])
+    return (float(np.average(slow, weights=weight)) if weight.sum() else network.stretch(size),
+            float(slow.mean()) if slow.size else 1.0)
+
+
+@functools.lru_cache(maxsize=256)
+def activity(collective: str, name: str, size: int, hosts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step with messages of ``name``: the most busy ranks of one host, and the bytes its busiest
+    rank sends and receives (of a buffer of ``64 * size`` bytes)."""
+    flow = traffic.extract(collective, name, size, 64 * size, 1, hosts)
+    steps = np.repeat(np.arange(flow.steps), np.diff(flow.offsets))
+    moved = np.zeros((flow.steps, flow.ranks))
+    np.add.at(moved, (steps, flow.src), flow.nbytes)
+    np.add.at(moved, (steps, flow.dst), flow.nbytes)
+    sending = np.diff(flow.offsets) > 0
+    return flow.busy()[sending], moved.max(axis=1, initial=0.0)[sending]
+
+
+@functools.lru_cache(maxsize=256)
+def exchanges(collective: str, name: str, size: int) -> bool:
+    """Whether some rank of ``name`` sends and receives in the same step (a pipeline's do, once it has
+    several chunks)."""
+    if "chunk" in algorithms.get(collective, name).options:
+        return True
+    flow = traffic.extract(collective, name, size, 64 * size, 1)
+    for s in range(flow.steps):
+        rows = slice(flow.offsets[s], flow.offsets[s + 1])
+        if np.intersect1d(flow.src[rows], flow.dst[rows]).size:
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,8 +1,9 @@
 """The simulator: the registry's own schedules, timed on a modelled network instead of run on a real one.
 
 :func:`simulate` reads a collective's schedules into per-step message arrays (``model/traffic.py``)
-and times them (``engine.py``) on a :class:`Network` (``model/network.py``: alpha, beta and duplex per
-class of link, the hosts' NICs, gamma per byte reduced). Nothing here opens a socket or starts a
+and times them (``engine.py``) on a :class:`Network` (``model/network.py``: alpha, beta, duplex and a
+per-step cost per class of link, the hosts' NICs, gamma per byte reduced, and cores shared by each
+step's busy ranks). Nothing here opens a socket or starts a
 thread, so any world size can be predicted on a laptop: algorithms that are the same on every rank up
 to a rotation are run on one host's worth of ranks (a *cell*), and pipelines of many chunks are run at
 two shorter lengths and extended along the straight line their time follows once the pipeline is full.

@@ -7,7 +7,8 @@ messages at once (numpy):
 1. each rank's copies of the step delay it by ``copy`` per byte;
 2. a message starts when both its sender and its receiver have reached the step (a receiver that is
    still busy cannot take it in);
-3. it lasts ``alpha + load * beta``, where ``load`` is the bytes the busiest resource it crosses must
+3. it lasts ``alpha + step + load * beta`` (``step`` once per step, since the step's messages run
+   side by side), where ``load`` is the bytes the busiest resource it crosses must
    carry until it is through: the sender's egress, the receiver's ingress (each per class of link),
    and for a message between hosts both NICs (over all the host's ranks). A resource serves its
    messages of the step in equal shares, so a message of ``b`` bytes is through once the resource has
@@ -42,14 +43,18 @@ StepHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
 
 def run(traffic: Traffic, network: Network, on_step: Optional[StepHook] = None) -> np.ndarray:
     """Run ``traffic`` over ``network``; return each simulated rank's finishing time in seconds."""
-    network = network.for_ranks(traffic.size)
+    if network.stretch(traffic.size) > 1.0:  # ranks outnumber cores: stretched by each step's busy ranks
+        busy = traffic.busy()
+        networks = [network.for_ranks(traffic.size, b) for b in range(int(busy.max(initial=0)) + 1)]
+    else:
+        busy, networks = np.zeros(traffic.steps, np.int64), [network.for_ranks(traffic.size)]
     ready = np.zeros(traffic.ranks)
     ports = 2 * traffic.ranks
     repeats = _repeats(traffic) if on_step is None else np.zeros(traffic.steps, np.int64)
     s = 0
     while s < traffic.steps:
         before = ready.copy() if repeats[s] else None
-        _step(traffic, network, ready, s, ports, on_step)
+        _step(traffic, networks[busy[s]], ready, s, ports, on_step)
         if before is not None:
             moved = ready - before
             if np.ptp(moved) <= 1e-12 * max(float(moved.max()), 0.0):  # every rank moved alike: so will the rest
@@ -76,7 +81,7 @@ def _step(traffic: Traffic, network: Network, ready: np.ndarray, s: int, ports: 
     if cross.any():
         load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
                                                     nbytes[cross], traffic.hosts, inter.duplex))
-    end = t0 + np.where(cross, inter.alpha, intra.alpha) + load * np.where(cross, inter.beta, intra.beta)
+    end = t0 + np.where(cross, inter.alpha + inter.step, intra.alpha + intra.step) + load * np.where(cross, inter.beta, intra.beta)
     reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
     done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
     if on_step is not None:

@@ -239,10 +239,21 @@ def _async(opts) -> bool:
 _OPS = {op: ReduceOp[name] for name, op in dist.ReduceOp.RedOpType.__members__.items() if name in ReduceOp.__members__}
 
 
+# torch's ReduceOp hashes to its RedOpType's number; looking that up costs a fraction of reading ``.op``
+# (a new enum object per call). Used only where every op checks out, else empty: ``.op`` then decides.
+_BY_HASH = {hash(dist.ReduceOp(op)): ours for op, ours in _OPS.items()}
+if any(hash(dist.ReduceOp(op)) != int(op) for op in _OPS):
+    _BY_HASH = {}
+
+
 def _op(opts) -> ReduceOp:
     if opts is None:
         return ReduceOp.SUM
-    torch_op = opts.reduceOp.op
+    reduce_op = opts.reduceOp
+    op = _BY_HASH.get(hash(reduce_op))
+    if op is not None:
+        return op
+    torch_op = reduce_op.op
     op = _OPS.get(torch_op)
     if op is None:
         raise ValueError(f"ReduceOp.{torch_op.name} is not supported by the allreduce backend; use "

@@ -117,7 +117,7 @@ class DoneWork(dist.Work):
 
     def __init__(self, result):
         super().__init__()
-        self._result = result
+        self.outputs = result
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         return True
@@ -136,11 +136,11 @@ class DoneWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         future = torch.futures.Future()
-        future.set_result(self._result)
+        future.set_result(self.outputs)
         return future
 
     def result(self) -> list:
-        return self._result
+        return self.outputs
 
 
 def in_torch_words(method):

@@ -13,12 +13,22 @@ A line is reused without acknowledgements: a rank writes line ``k % 2`` again at
 which it reaches only after seeing every peer's call ``k + 1``, which each peer posts only once it
 has finished call ``k``, reading included.
 
-Waiting matches who is expected: spin for ``spin_s`` while every rank has a core; yield the processor
-until ``yield_s`` when ranks outnumber cores (to each other) or while other work does not keep the
-cores busy; then sleep on a futex on the awaited peer's line number, having raised this rank's
-sleeping flag; a rank that posts wakes sleepers it sees flagged with one futex call. A wake-up lost
-to the flag's race costs at most ``sleep_ms``. Every wait keeps its deadline, calls ``idle`` every
+Waiting matches who is expected: spin while every rank has a core; yield the processor until
+``yield_s`` when ranks outnumber cores (to each other) or while other work does not keep the cores
+busy; then sleep on a futex on the awaited peer's line number, having raised this rank's sleeping
+flag; a rank that posts wakes sleepers it sees flagged with one futex call. A wake-up lost to the
+flag's race costs at most ``sleep_ms``. Every wait keeps its deadline, calls ``idle`` every
 ``idle_every`` seconds and looks for a gone peer every ``check_s``.
+
+The time before sleeping follows the peers. It starts at ``spin_s``; when a wait ended soon after it,
+it widens to twice that wait (at most ``spin_max_s``; yielding past ``spin_s``, so that a peer
+sharing the core can run), so that a steady stream of calls from a slower caller (a torch loop,
+say) finds its peer awake instead of paying a wake-up per call; after each wait longer than
+``spin_max_s`` it halves back towards ``spin_s``, so that an idle rank soon sleeps at once again.
+This applies where waiting would otherwise sleep after ``spin_s``: the load average above the cores
+(the group's own spinning ranks count in it) but not above the cores plus the group's ranks. With
+idle cores the yield until ``yield_s`` already keeps peers awake; with ranks outnumbering cores, or
+other work keeping the cores busy, a longer spin would only delay the peer it waits for.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ class Lines:
         self._shapes: dict[tuple, list[list[np.ndarray]]] = {}  # views by (dtype, count), see views()
         self._theirs = [[(peer, peer.words, start >> 3, peer.segment.address + start) for peer in self._peers]
                         for start in starts]
+        self.spin = options.spin_s  # the spin window now, which follows the peers (see the module docstring)
 
     def views(self, dtype: np.dtype, count: int) -> list[list[np.ndarray]]:
         """Every rank's line payloads as ``count`` items of ``dtype``, ``[parity][rank]``: made once per
@@ -133,9 +144,13 @@ class Lines:
         options, monotonic = self.options, time.monotonic
         start = quiet = checked = monotonic()
         # Spin while every rank has a core. Yield when ranks outnumber cores (to each other), or while no other
-        # work keeps the cores busy; a yield to other work takes a whole time slice.
-        crowded = self._waiting.crowded
-        spin, relent = not crowded, crowded or not self._waiting.busy(start)
+        # work keeps the cores busy; a yield to other work takes a whole time slice. Where that leaves only
+        # spin_s before sleeping (the load above the cores), the window follows the peers (see the module
+        # docstring) unless work beyond this group's own ranks keeps the cores busy; past spin_s it yields.
+        crowded, busy = self._waiting.crowded, self._waiting.busy(start)
+        spin, relent = not crowded, crowded or not busy
+        follow = spin and busy and not self._waiting.busy(start, self.size)
+        window = self.spin if follow else 0.0
         while words[head] != number:
             now = monotonic()
             elapsed = now - start
@@ -151,7 +166,7 @@ class Lines:
             if idle is not None and now - quiet >= idle_every:
                 idle()
                 quiet = now
-            if relent and elapsed < options.yield_s:
+            if elapsed < window or (relent and elapsed < options.yield_s):
                 os.sched_yield()
                 continue
             seen = words[head]
@@ -159,6 +174,18 @@ class Lines:
             if words[head] == seen:
                 _wait(address, seen, min(options.sleep_ms / 1000, max(0.0, deadline - now)))
             self._words[self._sleeping] = 0
+        if follow:
+            self._follow(monotonic() - start)
+
+    def _follow(self, waited: float) -> None:
+        """Fit the spin window to a wait of ``waited`` seconds: widen it to twice a wait that outlasted it
+        but not ``spin_max_s``; halve it (not below ``spin_s``) after a longer wait."""
+        low = self.options.spin_s
+        high = max(low, self.options.spin_max_s)
+        if waited > high:
+            self.spin = max(low, self.spin / 2)
+        elif waited > self.spin:
+            self.spin = min(high, 2 * waited)
 
     def _mismatch(self, peer: Peer, parity: int) -> AllreduceError:
         """The error for a peer whose line differs from ours: each field that differs, named."""

@@ -28,6 +28,7 @@ class ShmOptions:
     cma_piece: int = 256 << 10  # bytes read per process_vm_readv call, handed to progress
     line_max: int = 16 << 10  # collectives of up to this many bytes per rank take the lines (0: never)
     spin_s: float = 50e-6  # busy-wait this long (not when ranks outnumber cores or the cores are busy)
+    spin_max_s: float = 300e-6  # the lines widen their spin window up to this while peers arrive just after it
     yield_s: float = 150e-6  # then sched_yield until this long (not when the cores are busy), then sleep
     sleep_ms: int = 1  # longest sleep when no peer wakes us (a wake-up lost to a race costs this)
     check_s: float = 0.02  # how often a waiting rank looks for dead, closed or aborted peers
@@ -92,6 +93,7 @@ _RULES = {  # field -> (whether a value is allowed, the values allowed, in words
     "cma_piece": (_at_least(1), "a whole number of bytes, at least 1"),
     "line_max": (_at_least(0), "a whole number of bytes, at least 0"),
     "spin_s": (_at_least(0), "a number of seconds, at least 0"),
+    "spin_max_s": (_at_least(0), "a number of seconds, at least 0"),
     "yield_s": (_at_least(0), "a number of seconds, at least 0"),
     "sleep_ms": (_at_least(0), "a whole number of milliseconds, at least 0"),
     "check_s": (_at_least(0), "a number of seconds, at least 0"),

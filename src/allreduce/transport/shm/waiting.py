@@ -40,8 +40,8 @@ class Waiting:
         self._words = words  # our control segment, for the sleeping flag
         self._cores = len(os.sched_getaffinity(0))
         self.crowded = len(peers) + 1 > self._cores  # our own ranks outnumber the cores
-        self._busy = False  # other work keeps the cores busy (load average above the core count)
-        self._busy_checked = -1.0
+        self._load = 0.0  # the load average, read at most once a second
+        self._load_read = -1.0
         self._poller = select.poll()
         self._polled: dict[int, Peer] = {}  # descriptor -> the peer whose socket or pidfd it is
         for peer in peers.values():
@@ -88,13 +88,14 @@ class Waiting:
             if peer.exited or peer.hung_up:
                 check(pending)
 
-    def busy(self, now: float) -> bool:
-        """Whether other work keeps the cores busy: the load average above the core count (read at
-        most once a second; ``now`` is ``time.monotonic()``)."""
-        if now - self._busy_checked >= 1.0:
-            self._busy_checked = now
-            self._busy = os.getloadavg()[0] > self._cores
-        return self._busy
+    def busy(self, now: float, own: int = 0) -> bool:
+        """Whether other work keeps the cores busy: the load average above the core count plus ``own``
+        (the runnable processes the caller counts as its own; read at most once a second; ``now`` is
+        ``time.monotonic()``)."""
+        if now - self._load_read >= 1.0:
+            self._load_read = now
+            self._load = os.getloadavg()[0]
+        return self._load > self._cores + own
 
     def moved(self, stretch: Stretch) -> None:
         """The stretch is over (progress, or a sleep ended): lower our sleeping flag if it is raised."""
