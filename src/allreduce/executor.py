@@ -105,11 +105,7 @@ class Executor:
                     reducer.progress(reducer.dest.nbytes)
         except BaseException as exc:
             where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
-            if not isinstance(exc, AllreduceError):  # the caller's own: see the module docstring
-                raise Interrupted(f"{where} was interrupted by {type(exc).__name__}") from exc
-            if isinstance(exc, CommTimeout):
-                where += f" timed out after {timeout:g}s"
-            raise _reworded(exc, where) from exc
+            raise reworded(exc, where, timeout) from exc
 
     def _scratch_for(self, count: int, dtype: np.dtype) -> np.ndarray:
         nbytes = count * dtype.itemsize
@@ -186,8 +182,14 @@ def _plan(schedule: Schedule) -> tuple:
     return _PLANS[id(schedule)][1]
 
 
-def _reworded(exc: AllreduceError, where: str) -> AllreduceError:
-    """The same kind of error, with the collective and step in front of the transport's words."""
+def reworded(exc: BaseException, where: str, timeout: float) -> AllreduceError:
+    """The error a collective raises when ``exc`` escapes it at ``where``: :class:`Interrupted` for the
+    caller's own exception (see the module docstring), else the same kind of error with the collective
+    and step in front of the transport's words."""
+    if not isinstance(exc, AllreduceError):
+        return Interrupted(f"{where} was interrupted by {type(exc).__name__}")
+    if isinstance(exc, CommTimeout):
+        where += f" timed out after {timeout:g}s"
     new = type(exc)(f"{where} {exc}" if isinstance(exc, CommTimeout) else f"{where}: {exc}")
     new.peer = getattr(exc, "peer", None)
     return new

@@ -22,8 +22,7 @@ import numpy as np
 
 from . import collectives, wire
 from .dtypes import code_of
-from .errors import AllreduceError, CommTimeout, Interrupted
-from .executor import Call
+from .executor import Call, reworded
 from .ops import ReduceOp, kernel
 
 LABEL = "lines"  # the algorithm name errors and progress reports give this path
@@ -64,13 +63,7 @@ class Plan:
             self.lines.wait(number, seq, self.fingerprint, time.monotonic() + timeout, idle, idle_every)
             self.finish(views, buffers)
         except BaseException as exc:
-            where = f"{self.call.collective} #{seq} ({LABEL})"
-            if not isinstance(exc, AllreduceError):
-                raise Interrupted(f"{where} was interrupted by {type(exc).__name__}") from exc
-            new = type(exc)(f"{where} timed out after {timeout:g}s {exc}" if isinstance(exc, CommTimeout)
-                            else f"{where}: {exc}")
-            new.peer = getattr(exc, "peer", None)
-            raise new from exc
+            raise reworded(exc, f"{self.call.collective} #{seq} ({LABEL})", timeout) from exc
 
     def _all_reduce(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         """The left fold over ranks in rank order, into ``data``."""
