@@ -10,9 +10,10 @@ the machine does not decide the verdict. The table gives, per size, the algorith
 time, the time of that same algorithm asked for by name, the best fixed algorithm and its time, and
 the ratios; the goal is auto / best at most 1.10. (The best of eight fixed rows is the smallest of
 eight noisy samples, so on a busy machine it is biased low; pick / best compares like with like.)
-On shared memory, sizes up to the lines' capacity (``ALLREDUCE_SHM_LINE_MAX``) take the lines, which
-no named algorithm takes: there auto picks "lines", its row is what a user gets, and pick / best is
-left empty.
+On shared memory an automatic all-reduce takes the lines (one round up to ``ALLREDUCE_SHM_LINE_MAX``
+bytes, chunks above it up to ``ALLREDUCE_SHM_CHUNKED_MAX``), which no named algorithm takes: there
+auto picks "lines", its row is what a user gets, and pick / best is left empty. With
+``ALLREDUCE_TRANSPORT=tcp`` every row is the planner's pick among the named algorithms.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def report(n: int, best: dict, names: list[str], transport: str) -> float:
         ratio = best[size, "auto"] / fixed[winner]
         worst = max(worst, ratio)
         flag = "" if ratio <= GOAL else " **"
-        if transport == "shm" and size <= ShmOptions.from_env().line_max:
+        if transport == "shm" and _on_the_lines(size):
             pick, pick_fixed, pick_ratio = "lines", "", ""
         else:
             pick = planner.choose("all_reduce", "auto", size, n, hosts=1, dtype="float32", transport=transport)
@@ -104,6 +105,12 @@ def report(n: int, best: dict, names: list[str], transport: str) -> float:
         print(f"| {format_bytes(size)} | {pick} | {best[size, 'auto']:.0f} | {pick_fixed} | {winner} "
               f"| {fixed[winner]:.0f} | {ratio:.2f}{flag} | {pick_ratio} |")
     return worst
+
+
+def _on_the_lines(size: int) -> bool:
+    """Whether an automatic all-reduce of ``size`` bytes takes the shared-memory lines."""
+    options = ShmOptions.from_env()
+    return size <= max(options.line_max, options.chunked_max)
 
 
 def _local_transport() -> str:

@@ -3,17 +3,27 @@
 Both ranks form one torch group on backend "allreduce"; its allreduce group is also used directly
 through ``allreduce.all_reduce`` on a numpy array of the same size. So the two calls share transport,
 algorithm and peer, and their difference is the torch side alone (torch's dispatch, the C++ shim,
-the backend's Python method and its work object). Batches of the three calls below alternate, and
+the backend's Python method and its work object). Batches of the calls below alternate, and
 the table shows rank 0's median wall and CPU time per call. Nothing runs on import.
 
     python benchmarks/torch_overhead.py                  # 8 bytes, 2 ranks
     python benchmarks/torch_overhead.py --bytes 8 4096 --profile   # cProfile of rank 0's torch calls
+    python benchmarks/torch_overhead.py --layers         # the layers of one call, one process
 
 - ``numpy``: ``allreduce.all_reduce(array, group=g)``;
+- ``tensor``: ``allreduce.all_reduce(tensor, group=g)``, our API on the torch tensor (a numpy view per call);
 - ``torch``: ``torch.distributed.all_reduce(tensor)`` on backend "allreduce";
 - ``optimizer``: a backward pass whose gradient ``allreduce.torch.DistributedOptimizer`` reduces
   (on its communication thread), then ``synchronize()``;
 - ``backward``: the same backward pass with no optimizer, to subtract from ``optimizer``.
+
+``--layers`` times, in one process of world size 1 (no peer, so only the per-call machinery), the
+layers a blocking ``dist.all_reduce`` passes: torch's Python function, the ``ProcessGroup`` call
+torch's function makes (``pg.allreduce([t], opts).wait()``) and the backend's own ``allreduce``
+called from Python; for backend "allreduce", for Gloo, for backend "allreduce" with a method that
+does nothing (``empty``: what torch and the shim cost alone) and with a method that makes the
+``numpy API`` row's call (``numpy``: that call inside torch's). It shows thread CPU time per call,
+the least of the interleaved batches.
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bo
         weight.sum().backward()  # the hook hands the gradient to the optimizer's communication thread
         opt.synchronize()
 
-    calls = {"numpy": lambda: allreduce.all_reduce(array, group=group), "torch": lambda: tdist.all_reduce(tensor),
+    calls = {"numpy": lambda: allreduce.all_reduce(array, group=group),
+             "tensor": lambda: allreduce.all_reduce(tensor, group=group), "torch": lambda: tdist.all_reduce(tensor),
              "optimizer": optimizer_step, "backward": lambda: local.sum().backward()}
     for call in calls.values():
         for _ in range(300):
@@ -108,17 +119,63 @@ def measure(nbytes: int, size: int, rounds: int, profile: bool) -> dict[str, tup
                 p.kill()
 
 
+def layers(rounds: int) -> dict[str, float]:
+    """Thread CPU seconds per call of each layer (see the module docstring), least over ``rounds`` batches."""
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+
+    import allreduce
+    from allreduce.addresses import free_port
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("allreduce", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    groups = {"allreduce": tdist.group.WORLD, "gloo": tdist.new_group(backend="gloo"),
+              "empty": tdist.new_group(backend="allreduce"), "numpy": tdist.new_group(backend="allreduce")}
+    backends = {name: pg._get_backend(torch.device("cpu")) for name, pg in groups.items()}
+    group = backends["allreduce"].impl.group
+    array, tensor = np.zeros(2, np.float32), torch.zeros(2)
+    # set before their first calls, which bind them
+    backends["empty"].impl.allreduce_now = lambda view, op: None
+    backends["numpy"].impl.allreduce_now = lambda view, op: allreduce.all_reduce(array, group=group)
+    blocking = tdist.AllreduceOptions()
+    blocking.asyncOp = False  # what dist.all_reduce(t) passes
+    calls = {"numpy API": lambda: allreduce.all_reduce(array, group=group),
+             "numpy API on the tensor": lambda: allreduce.all_reduce(tensor, group=group)}
+    for name, pg in groups.items():
+        calls[f"{name}: dist.all_reduce"] = lambda pg=pg: tdist.all_reduce(tensor, group=pg)
+        calls[f"{name}: ProcessGroup.allreduce"] = lambda pg=pg: pg.allreduce([tensor], blocking).wait()
+        calls[f"{name}: Backend.allreduce"] = lambda b=backends[name]: b.allreduce([tensor], blocking)
+    seen: dict[str, list[float]] = {name: [] for name in calls}
+    for batch in range(rounds + 1):  # the first round warms up
+        for name, call in calls.items():
+            cpu = time.thread_time()
+            for _ in range(BATCH):
+                call()
+            if batch:
+                seen[name].append((time.thread_time() - cpu) / BATCH)
+    tdist.destroy_process_group()
+    return {name: min(runs) for name, runs in seen.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, nargs="+", default=[8])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=25, help="batches of each call, interleaved")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--layers", action="store_true", help="time the layers of one call instead (one process)")
     args = parser.parse_args()
     import allreduce.torch  # noqa: F401  (registers the backend and builds its shim before the forks)
     from allreduce.torch import native
 
     native.python_backend()
+    if args.layers:
+        print(f"{'layer':>34} {'cpu us':>7}   (load {os.getloadavg()[0]:.2f}, world size 1, least of {args.rounds} "
+              f"batches of {BATCH})")
+        for name, cpu in layers(args.rounds).items():
+            print(f"{name:>34} {cpu * 1e6:7.2f}")
+        return
     print(f"{'bytes':>7} {'call':>10} {'wall us':>9} {'cpu us':>8} {'+ wall us':>10}   (load {os.getloadavg()[0]:.2f}, "
           f"{args.ranks} ranks, median of {args.rounds} batches of {BATCH})")
     for nbytes in args.bytes:

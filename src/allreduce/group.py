@@ -184,8 +184,8 @@ class ProcessGroup:
             else:  # an idle, usable group, called from an application thread: what the checks would do
                 self._issuer, self._in_flight = me, 1
             self._seq += 1
-            self._numbered += 1
-            seq, work = self._seq, (plan, self._numbered)
+            seq, work = self._seq, (plan, self._numbered + 1)
+            self._numbered += plan.numbers
             inline = not async_op and not self._busy and not self._queue
             if inline:
                 self._busy = True

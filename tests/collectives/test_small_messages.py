@@ -188,8 +188,8 @@ def _mismatch(how):
                 dist.all_reduce(np.ones(10 + rank, np.float32))
             elif how == "op":
                 dist.all_reduce(x, op=ReduceOp.MAX if rank else ReduceOp.SUM)
-            else:  # rank 1's call is too big for a line: it runs a schedule
-                dist.all_reduce(np.ones(10 if rank == 0 else LINE, np.float32))
+            else:  # rank 1's broadcast is too big for one round (and broadcasts take no chunks): a schedule
+                dist.broadcast(np.ones(10 if rank == 0 else LINE // 4 + 1, np.float32), src=0)
         except dist.AllreduceError as exc:
             return type(exc).__name__, str(exc)
         return "no error", x.tolist()

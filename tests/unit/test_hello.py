@@ -26,7 +26,7 @@ def _for(receiver: int, senders=range(2**31)) -> hello.Expected:
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-@given(sender=ranks, receiver=ranks, terms=st.lists(st.integers(-2**63, 2**63 - 1), min_size=3, max_size=3))
+@given(sender=ranks, receiver=ranks, terms=st.lists(st.integers(-2**63, 2**63 - 1), min_size=5, max_size=5))
 def test_round_trip(kind, sender, receiver, terms):
     fmt = FORMATS[kind]
     sent = hello.Hello(sender, receiver, DIGEST, tuple(terms[:fmt.terms]))

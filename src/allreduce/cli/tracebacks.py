@@ -52,6 +52,8 @@ class Condenser:
         """The lines still held (at the end of the stream, or of a traceback)."""
         held, error = self._held, self._error
         self._held, self._error, self._after_error = [], None, False
+        if error is None and held:  # the stream ended inside a traceback: the worker was stopped while printing it
+            return [b"(stopped while printing a traceback)\n"]
         if error is None or not (error.startswith(b"allreduce.") or error == b"KeyboardInterrupt"):
             return held
         where = [m for m in map(_FRAME.match, (h.rstrip(b"\r\n") for h in held))

@@ -8,8 +8,10 @@ collectives reach these methods whether they call from Python or from C++.
 
 A call whose caller will wait (torch's ``opts.asyncOp`` false: ``dist.all_reduce(t)`` without
 ``async_op=True``) runs in the caller's thread, as our own blocking calls do, and returns a finished
-:class:`~.work.DoneWork`. Every other call (``async_op=True``, and C++ callers such as DDP's reducer)
-starts its collective asynchronously on the allreduce group and returns a :class:`~.work.TorchWork`.
+:class:`~.work.DoneWork`; the commonest of them (an all-reduce or broadcast of one CPU tensor, a
+barrier) come in through the ``*_now`` methods and get their finished work from the shim. Every other call
+(``async_op=True``, and C++ callers such as DDP's reducer) starts its collective asynchronously on
+the allreduce group and returns a :class:`~.work.TorchWork`.
 Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~.tensors.Staged`)
 and copied back before the work completes. ``opts`` may be omitted
 wherever torch's callers omit it (``backend.allreduce(tensors)``, communication hooks).
@@ -17,6 +19,9 @@ wherever torch's callers omit it (``backend.allreduce(tensors)``, communication 
 
 from __future__ import annotations
 
+from typing import NoReturn
+
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -66,6 +71,30 @@ class ProcessGroupAllreduce:
         s = Staged(tensors[0])
         started = api.all_reduce(s.host, _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, tensors, s.copy_back)
+
+    # ---- the shim's short way: blocking calls on one CPU tensor, which it passes as a numpy view
+    # (``array``) and whose finished work it makes itself (see ``shim.cpp``) -------------------------
+
+    @in_torch_words
+    def allreduce_now(self, array: np.ndarray, op: int) -> None:
+        """``dist.all_reduce(t)``; ``op`` is torch's ``RedOpType`` number."""
+        reduce_op = _BY_NUMBER.get(op)
+        if reduce_op is None:
+            _refuse(dist.ReduceOp.RedOpType(op))
+        api.all_reduce(array, reduce_op, group=self.group)
+        self._issued += 1
+
+    @in_torch_words
+    def broadcast_now(self, array: np.ndarray, root: int) -> None:
+        """``dist.broadcast(t, src)``; ``root`` is ``src``'s rank in this group."""
+        api.broadcast(array, root, group=self.group)
+        self._issued += 1
+
+    @in_torch_words
+    def barrier_now(self) -> None:
+        """``dist.barrier()``."""
+        api.barrier(group=self.group)
+        self._issued += 1
 
     @in_torch_words
     def allreduce_sparse(self, tensors, opts=None):
@@ -237,6 +266,7 @@ def _async(opts) -> bool:
 
 
 _OPS = {op: ReduceOp[name] for name, op in dist.ReduceOp.RedOpType.__members__.items() if name in ReduceOp.__members__}
+_BY_NUMBER = {int(op): ours for op, ours in _OPS.items()}
 
 
 # torch's ReduceOp hashes to its RedOpType's number; looking that up costs a fraction of reading ``.op``
@@ -256,9 +286,13 @@ def _op(opts) -> ReduceOp:
     torch_op = reduce_op.op
     op = _OPS.get(torch_op)
     if op is None:
-        raise ValueError(f"ReduceOp.{torch_op.name} is not supported by the allreduce backend; use "
-                         f"{', '.join(ReduceOp.__members__)}")
+        _refuse(torch_op)
     return op
+
+
+def _refuse(torch_op) -> NoReturn:
+    raise ValueError(f"ReduceOp.{torch_op.name} is not supported by the allreduce backend; use "
+                     f"{', '.join(ReduceOp.__members__)}")
 
 
 def _root(opts) -> int:

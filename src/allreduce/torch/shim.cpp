@@ -6,11 +6,21 @@
 // The Work a Python method returns is wrapped in PythonWork, which keeps the Python object alive and
 // forwards the queries torch makes from C++ (wait, future, completion, source rank, result).
 //
+// The calls whose latency users see have a shorter way through: a blocking all_reduce or broadcast of
+// one host tensor numpy can view (`dist.all_reduce(t)`, `dist.broadcast(t, src)`) and a blocking
+// barrier. The tensor's numpy view is made here and handed to impl's `allreduce_now` (with torch's op
+// number) or `broadcast_now` (with the root); no options object crosses into Python. Their work is a
+// DoneWork made here, finished from the start (no Python work, no GIL to wait on it). The views of
+// small tensors are kept for the next call on the same memory (Views).
+//
 // Built on first use by allreduce/torch/native.py (torch.utils.cpp_extension.load).
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/tensor_numpy.h>
 #include <pybind11/chrono.h>
+
+#include <array>
 
 namespace py = pybind11;
 using c10d::Work;
@@ -61,6 +71,99 @@ class PythonWork : public Work {
   py::object py_;
 };
 
+// The work of a collective that already ran in the caller's thread: finished, its outputs `outputs`.
+// One per call (a caller may hold the work of one call while the next runs); it holds no Python object.
+class DoneWork : public Work {
+ public:
+  DoneWork(const Tensors& outputs, c10d::OpType type) : Work(-1, type), outputs_(outputs) {
+    completed_ = true;
+  }
+
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  std::exception_ptr exception() const override { return nullptr; }
+  int sourceRank() const override { return -1; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {  // made only when someone asks
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(outputs_));
+    return future;
+  }
+
+ private:
+  Tensors outputs_;
+};
+
+// Whether numpy can view `t` as it is (what `Tensor.numpy()` accepts): the other tensors take impl's
+// general path, which stages them or says why not.
+bool numpy_viewable(const at::Tensor& t) {
+  if (t.layout() != c10::kStrided || !t.device().is_cpu() || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
+    return false;
+  }
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kLong: case at::kInt: case at::kShort:
+    case at::kChar: case at::kByte: case at::kBool: case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Flat numpy views of small tensors, kept for the next call on the same memory. A view is fully
+// described by its address, element count and dtype, so it is the memory of whichever tensor a later
+// call passes with those three. A kept view keeps the memory it was made from alive (its numpy base
+// holds the storage), so at most kKept blocks of at most kKeptBytes each. Used with the GIL held.
+class Views {
+ public:
+  static constexpr size_t kKept = 8;
+  static constexpr size_t kKeptBytes = 64 * 1024;
+
+  py::object of(const at::Tensor& t) {
+    const void* data = t.data_ptr();
+    const int64_t count = t.numel();
+    const at::ScalarType type = t.scalar_type();
+    for (const Entry& e : kept_) {
+      if (e.data == data && e.count == count && e.type == type) {
+        return e.view;
+      }
+    }
+    PyObject* array = torch::utils::tensor_to_numpy(t.requires_grad() ? t.detach() : t);
+    if (array == nullptr) {
+      throw py::error_already_set();
+    }
+    py::object view = py::reinterpret_steal<py::object>(array).attr("reshape")(-1);
+    if (t.nbytes() <= kKeptBytes) {
+      kept_[next_] = Entry{data, count, type, view};
+      next_ = (next_ + 1) % kKept;
+    }
+    return view;
+  }
+
+  // Drops the views: with the GIL held, or (interpreter gone) without freeing them.
+  void clear(bool interpreter_alive) {
+    for (Entry& e : kept_) {
+      if (interpreter_alive) {
+        e.view = py::object();
+      } else {
+        e.view.release();
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    const void* data = nullptr;
+    int64_t count = -1;  // matches no tensor
+    at::ScalarType type = at::kFloat;
+    py::object view;
+  };
+  std::array<Entry, kKept> kept_;
+  size_t next_ = 0;
+};
+
 }  // namespace
 
 // Calls impl's method `name` and wraps the Work it returns. Every Python object is made and freed
@@ -77,8 +180,16 @@ class PythonBackend : public c10d::Backend {
   ~PythonBackend() override {
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
+      views_.clear(true);
+      for (py::object& method : now_) {
+        method = py::object();
+      }
       impl_ = py::object();
     } else {
+      views_.clear(false);
+      for (py::object& method : now_) {
+        method.release();
+      }
       impl_.release();
     }
   }
@@ -88,8 +199,22 @@ class PythonBackend : public c10d::Backend {
   const std::string getBackendName() const override { return name_; }
   bool supportsCoalescing() const override { return true; }
 
-  WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override { FORWARD("broadcast", t, o); }
-  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override { FORWARD("allreduce", t, o); }
+  WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
+    if (o.asyncOp || t.size() != 1 || !numpy_viewable(t[0])) {
+      FORWARD("broadcast", t, o);
+    }
+    py::gil_scoped_acquire gil;
+    now(kBroadcast, "broadcast_now", views_.of(t[0]), o.rootRank);
+    return c10::make_intrusive<DoneWork>(t, c10d::OpType::BROADCAST);
+  }
+  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    if (o.asyncOp || t.size() != 1 || !numpy_viewable(t[0])) {
+      FORWARD("allreduce", t, o);
+    }
+    py::gil_scoped_acquire gil;
+    now(kAllreduce, "allreduce_now", views_.of(t[0]), static_cast<int>(o.reduceOp.op_));
+    return c10::make_intrusive<DoneWork>(t, c10d::OpType::ALLREDUCE);
+  }
   WorkPtr allreduce_sparse(Tensors& t, const c10d::AllreduceOptions& o) override {
     FORWARD("allreduce_sparse", t, o);
   }
@@ -131,7 +256,14 @@ class PythonBackend : public c10d::Backend {
   WorkPtr alltoall(Tensors& out, Tensors& in, const c10d::AllToAllOptions& o) override {
     FORWARD("alltoall", out, in, o);
   }
-  WorkPtr barrier(const c10d::BarrierOptions& o) override { FORWARD("barrier", o); }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override {
+    if (o.asyncOp) {
+      FORWARD("barrier", o);
+    }
+    py::gil_scoped_acquire gil;
+    now(kBarrier, "barrier_now");
+    return c10::make_intrusive<DoneWork>(Tensors(), c10d::OpType::BARRIER);
+  }
   WorkPtr send(Tensors& t, int dst, int tag) override { FORWARD("send", t, dst, tag); }
   WorkPtr recv(Tensors& t, int src, int tag) override { FORWARD("recv", t, src, tag); }
   WorkPtr recvAnysource(Tensors& t, int tag) override { FORWARD("recv_anysource", t, tag); }
@@ -167,8 +299,21 @@ class PythonBackend : public c10d::Backend {
     return impl_.attr(name)(std::forward<Args>(args)...);
   }
 
+  // impl's method `name` of the short way, bound on its first call into now_[which], called with
+  // `args`; the caller holds the GIL.
+  enum Now { kAllreduce, kBroadcast, kBarrier, kNows };
+  template <typename... Args>
+  void now(Now which, const char* name, Args&&... args) {
+    if (!now_[which]) {
+      now_[which] = impl_.attr(name);
+    }
+    now_[which](std::forward<Args>(args)...);
+  }
+
   std::string name_;
   py::object impl_;
+  std::array<py::object, kNows> now_;
+  Views views_;  // of the tensors of recent short-way calls
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

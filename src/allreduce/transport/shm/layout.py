@@ -37,7 +37,7 @@ INLINE, REGISTERED, CROSS = 1, 2, 3  # values of the MODE word: how the payload 
 # Lines: the sleeping flag's word (from the lines area's first word); per line, head words and payload.
 LINE_SLEEPING = 0
 LINES_FIRST = 64  # bytes from the lines area to its first line
-LINE_NUMBER, LINE_CALL, LINE_PRINT = range(3)  # head words: call number (written last), group seq, fingerprint
+LINE_NUMBER, LINE_CALL, LINE_PRINT = range(3)  # head words: round number (written last), group seq, fingerprint
 LINE_HEADER_AT = 24  # bytes from a line's start to its frame header
 LINE_PAYLOAD_AT = 64
 

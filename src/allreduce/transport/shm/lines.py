@@ -1,17 +1,17 @@
-"""The small-message path: each rank writes one line per call, every peer reads it where it lies.
+"""The small- and medium-message path: each rank writes a line per round, every peer reads it where it lies.
 
 A collective of a few bytes costs what its bookkeeping costs, so this path keeps almost none: no
 frames, no slots to hand back, no sockets. Every rank owns two *lines* in its control segment
-(:mod:`.layout`); call number ``k`` (counted over the calls that take the lines) uses line ``k % 2``.
-A rank writes its payload, the call's group sequence number, its fingerprint and frame header, and
-the number ``k`` last (x86-64 keeps one process's stores in order, so a peer that reads ``k`` reads
-the rest complete). Then it waits until every peer's line shows ``k``, checks their fingerprints
-against its own (a difference raises ``Mismatch`` naming each field that differs) and reads their
-payloads in place.
+(:mod:`.layout`); round number ``k`` (counted over the rounds of the calls that take the lines: one
+for a small call, two per chunk of a medium one) uses line ``k % 2``. A rank writes its payload, the
+call's group sequence number, its fingerprint and frame header, and the number ``k`` last (x86-64
+keeps one process's stores in order, so a peer that reads ``k`` reads the rest complete). Then it
+waits until every peer's line shows ``k``, checks their fingerprints against its own (a difference
+raises ``Mismatch`` naming each field that differs) and reads their payloads in place.
 
-A line is reused without acknowledgements: a rank writes line ``k % 2`` again at call ``k + 2``,
-which it reaches only after seeing every peer's call ``k + 1``, which each peer posts only once it
-has finished call ``k``, reading included.
+A line is reused without acknowledgements: a rank writes line ``k % 2`` again at round ``k + 2``,
+which it reaches only after seeing every peer's round ``k + 1``, which each peer posts only once it
+has finished round ``k``, reading included.
 
 Waiting matches who is expected: spin while every rank has a core; yield the processor until
 ``yield_s`` when ranks outnumber cores (to each other) or while other work does not keep the cores
@@ -36,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import weakref
 from typing import Callable, Optional
 
 import numpy as np
@@ -74,18 +75,21 @@ class Lines:
                  options: ShmOptions, waiting: Waiting):
         self.rank = rank
         self.size = len(peers) + 1
-        self.capacity = options.line_max  # payload bytes a line holds
+        self.capacity = options.line_capacity  # payload bytes a line holds
+        self.at_once = options.line_max  # bytes per rank a call may have to take the lines in one round
+        self.chunked_max = options.chunked_max  # bytes an all-reduce may have to take them in chunks
         self.options = options
         self._words = words
         self._waiting = waiting
         self._sleeping = (at >> 3) + LINE_SLEEPING
         self._peers = [peers[r] for r in range(self.size) if r != rank]
-        starts = [at + LINES_FIRST + parity * line_size(options.line_max) for parity in (0, 1)]
+        starts = [at + LINES_FIRST + parity * line_size(self.capacity) for parity in (0, 1)]
         self._starts = starts  # byte offsets of the two lines in every rank's segment
         self._maps = [peers[r].segment.map if r != rank else segment.map for r in range(self.size)]
         self._heads = [start >> 3 for start in starts]  # our lines' first words
         self._wakes = [segment.address + start for start in starts]  # our line numbers' addresses
         self._shapes: dict[tuple, list[list[np.ndarray]]] = {}  # views by (dtype, count), see views()
+        self._kept: weakref.WeakSet[_Kept] = weakref.WeakSet()  # lists of views made from those, see keep()
         self._theirs = [[(peer, peer.words, start >> 3, peer.segment.address + start) for peer in self._peers]
                         for start in starts]
         self.spin = options.spin_s  # the spin window now, which follows the peers (see the module docstring)
@@ -102,15 +106,24 @@ class Lines:
                 for start in self._starts]
         return shape
 
+    def keep(self, views: list) -> list:
+        """``views`` (a list of anything made from :meth:`views`) as a list that :meth:`close` empties in
+        place while its holder lives."""
+        kept = _Kept(views)
+        self._kept.add(kept)
+        return kept
+
     def close(self) -> None:
         """Drop every view on the lines (before the segments are unmapped)."""
         for shape in self._shapes.values():
             for per_rank in shape:
                 per_rank.clear()
+        for kept in list(self._kept):
+            kept.clear()
         self._shapes = {}
 
     def post(self, number: int, call: int, fingerprint: int, header: bytes) -> None:
-        """Publish call ``number`` (its payload already written): group sequence number ``call``, the
+        """Publish round ``number`` (its payload already written): group sequence number ``call``, the
         fingerprint peers compare and the ``header`` (sequence number 0) a mismatch is described by."""
         parity = number & 1
         words, head = self._words, self._heads[parity]
@@ -127,7 +140,7 @@ class Lines:
 
     def wait(self, number: int, call: int, fingerprint: int, deadline: float,
              idle: Optional[Callable[[], None]] = None, idle_every: float = 1.0) -> None:
-        """Return once every peer has posted call ``number``, with the same ``call`` and ``fingerprint``.
+        """Return once every peer has posted round ``number``, with the same ``call`` and ``fingerprint``.
 
         Raises:
             Mismatch: a peer posted a different call (naming each field that differs).
@@ -200,6 +213,13 @@ class Lines:
         except AllreduceError as error:
             exc = error
         return with_peer(type(exc)(f"rank {peer.rank}: {exc}"), peer.rank)
+
+
+class _Kept(list):
+    """A list that a weak set can hold, by identity (see :meth:`Lines.keep`)."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _wait(address: int, seen: int, seconds: float) -> None:

@@ -26,7 +26,9 @@ class ShmOptions:
     buffered_max: int = 64 << 20  # point-to-point sends up to this size never wait for their receiver
     staged_max: int = 4 << 20  # collective sends up to this size are copied into staging, not read cross-memory
     cma_piece: int = 256 << 10  # bytes read per process_vm_readv call, handed to progress
-    line_max: int = 16 << 10  # collectives of up to this many bytes per rank take the lines (0: never)
+    line_max: int = 64 << 10  # collectives of up to this many bytes per rank take the lines at once (0: never)
+    chunked_max: int = 1 << 40  # larger all-reduces and reduces take the lines in chunks up to this (0: never)
+    line_chunk: int = 1 << 20  # payload bytes of a line in those chunks (a multiple of 64)
     spin_s: float = 50e-6  # busy-wait this long (not when ranks outnumber cores or the cores are busy)
     spin_max_s: float = 300e-6  # the lines widen their spin window up to this while peers arrive just after it
     yield_s: float = 150e-6  # then sched_yield until this long (not when the cores are busy), then sleep
@@ -40,6 +42,11 @@ class ShmOptions:
             allowed, words = _RULES[field.name]
             if not allowed(value):
                 raise ValueError(f"{field.name}={value!r}: must be {words}")
+
+    @property
+    def line_capacity(self) -> int:
+        """Payload bytes of each line: a call at once or a chunk, whichever is more (0: no lines)."""
+        return max(self.line_max, self.line_chunk if self.chunked_max else 0)
 
     def chunk_for(self, members: int) -> int:
         """Payload bytes per slot with ``members`` ranks on the host: ``chunk``, smaller where the rings
@@ -92,6 +99,8 @@ _RULES = {  # field -> (whether a value is allowed, the values allowed, in words
     "staged_max": (_at_least(0), "a whole number of bytes, at least 0"),
     "cma_piece": (_at_least(1), "a whole number of bytes, at least 1"),
     "line_max": (_at_least(0), "a whole number of bytes, at least 0"),
+    "chunked_max": (_at_least(0), "a whole number of bytes, at least 0"),
+    "line_chunk": (lambda value: value >= 64 and value % 64 == 0, "a positive multiple of 64"),
     "spin_s": (_at_least(0), "a number of seconds, at least 0"),
     "spin_max_s": (_at_least(0), "a number of seconds, at least 0"),
     "yield_s": (_at_least(0), "a number of seconds, at least 0"),

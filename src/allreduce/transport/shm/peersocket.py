@@ -2,10 +2,10 @@
 
 Its own file because this is the protocol between two processes, apart from what either does with it.
 At set-up (the shared-memory side of :mod:`..mesh`) the dialler and then the accepter each send a
-hello with their control segment's descriptor alongside (``SCM_RIGHTS``); its terms are the channel
-layout ``(chunk, slots, line_max)``, which both must share. Each end first checks that the other runs as the
-same user (``SO_PEERCRED``): abstract sockets have no permissions, so this keeps other users out.
-After that the socket carries only notices, each one message: a wake-up, the descriptor of a
+hello with their control segment's descriptor alongside (``SCM_RIGHTS``); its terms are the layout of
+channels and lines ``(chunk, slots, line_max, chunked_max, line_chunk)``, which both must share. Each
+end first checks that the other runs as the same user (``SO_PEERCRED``): abstract sockets have no
+permissions, so this keeps other users out. After that the socket carries only notices, each one message: a wake-up, the descriptor of a
 registered segment, or "unmap that segment"; :func:`notice` reads one, whatever arrives.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ...errors import ProtocolError, RendezvousError
 from .. import hello
 
-HELLO = hello.Format(b"ARSM", terms=3)  # terms: chunk, slots, line_max
+HELLO = hello.Format(b"ARSM", terms=5)  # terms: the layout below
 WAKE = b"W"
 _SEGMENT = struct.Struct("<cq")  # b"F": a segment's generation, its descriptor alongside; b"D": unmap it
 _UCRED = struct.Struct("3i")
@@ -69,11 +69,11 @@ class ShmPeering:
     joining = "link over shared memory"
     knock = None  # a dead rank's listener is not probed: its dialler's error names it
 
-    def __init__(self, rank: int, members: list[int], tag: str, layout: tuple[int, int, int], fd: int):
+    def __init__(self, rank: int, members: list[int], tag: str, layout: tuple[int, ...], fd: int):
         self.rank = rank
         self.members = members
         self.digest = hello.group_digest(tag)
-        self.layout = layout  # (chunk, slots, line_max) of our channels and lines
+        self.layout = layout  # (chunk, slots, line_max, chunked_max, line_chunk): channels, lines
         self.fd = fd  # our control segment
 
     def listen(self, backlog: int) -> tuple[socket.socket, str]:
@@ -142,8 +142,8 @@ class ShmPeering:
         if theirs != self.layout:
             link.close()
             raise RendezvousError(f"ranks {self.rank} and {peer} lay out shared-memory channels differently "
-                                  f"((chunk, slots, line_max) {self.layout} and {theirs}): give every rank the same "
-                                  f"ALLREDUCE_SHM_* settings")
+                                  f"((chunk, slots, line_max, chunked_max, line_chunk) {self.layout} and {theirs}): "
+                                  f"give every rank the same ALLREDUCE_SHM_* settings")
         return link
 
 

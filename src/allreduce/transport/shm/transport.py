@@ -55,9 +55,10 @@ class ShmTransport(Transport):
         deadline = time.monotonic() + timeout
         chunk, slots = options.chunk_for(len(members)), options.slots
         channel = layout.channel_size(chunk, slots)
-        segment = layout.create_control(len(members), channel, layout.lines_size(options.line_max))
+        segment = layout.create_control(len(members), channel, layout.lines_size(options.line_capacity))
         try:
-            peering = ShmPeering(rank, members, tag, (chunk, slots, options.line_max), segment.fd)
+            peering = ShmPeering(rank, members, tag, (chunk, slots, options.line_max, options.chunked_max, options.line_chunk),
+                                 segment.fd)
             links = mesh.form(peering, store, rank, members, deadline)
         except BaseException:
             segment.close()
@@ -70,7 +71,7 @@ class ShmTransport(Transport):
             link.sock.setblocking(False)
         transport = cls(rank, size, segment, peers, options, chunk)
         transport._probe_cross_memory()
-        if len(members) == size and options.line_max:
+        if len(members) == size and options.line_capacity:
             transport.lines = Lines(rank, segment, transport._words, peers, layout.lines_at(len(members), channel),
                                     options, transport._waiting)
         return transport

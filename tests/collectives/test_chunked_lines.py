@@ -1,0 +1,129 @@
+"""Medium all-reduces and reduces through the shared-memory lines in chunks: every dtype and op, counts
+that straddle the chunks and the ranks' slices, against numpy and bit for bit against the left fold in
+rank order; the choice between one round, chunks and the schedules; mismatches between them.
+
+Lines of a few hundred bytes (``ALLREDUCE_SHM_LINE_MAX``, ``ALLREDUCE_SHM_LINE_CHUNK``) make small
+arrays take many chunks, so every boundary case is cheap to reach."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.harness import run_ranks
+from support.reference import make_input, reduced, same
+
+import allreduce as dist
+from allreduce.dtypes import SUPPORTED, bfloat16
+from allreduce.ops import ReduceOp, allowed_ops
+from allreduce.transport import shm
+
+pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64")
+
+AT_ONCE, CHUNK, MOST = 256, 320, 64 << 10  # bytes: one round, a line's chunk, chunks at most
+SMALL = {"ALLREDUCE_TRANSPORT": "shm", "ALLREDUCE_SHM_LINE_MAX": str(AT_ONCE),
+         "ALLREDUCE_SHM_LINE_CHUNK": str(CHUNK), "ALLREDUCE_SHM_CHUNKED_MAX": str(MOST)}
+
+
+def counts(dtype: np.dtype, size: int) -> list[int]:
+    """Just past one round; around one and two chunks; a chunk's last slice shorter than the world; a prime."""
+    per_line = CHUNK // dtype.itemsize
+    first = AT_ONCE // dtype.itemsize + 1
+    return sorted({first, per_line - 1, per_line, per_line + 1, 2 * per_line + size - 1, 3 * per_line + 1, 1009})
+
+
+def _every_dtype_and_op(rank, size):
+    failures = []
+    for dtype in map(np.dtype, SUPPORTED):
+        for op in sorted(allowed_ops(dtype)):
+            for count in counts(dtype, size):
+                inputs = [make_input(dtype, count, r, op) for r in range(size)]
+                x = inputs[rank].copy()
+                dist.all_reduce(x, op=op)
+                if not same(x, reduced(op, inputs)):
+                    failures.append(f"all_reduce {dtype} {op.name} count={count}")
+                root = count % size
+                y = inputs[rank].copy()
+                dist.reduce(y, dst=root, op=op)
+                if not same(y, reduced(op, inputs) if rank == root else inputs[rank]):
+                    failures.append(f"reduce {dtype} {op.name} count={count} root={root}")
+    plans = dist.default_group()._plans.values()
+    if not any(type(plan).__name__ == "ChunkedPlan" for plan in plans):
+        failures.append("no call took the lines in chunks")
+    return failures
+
+
+@pytest.mark.parametrize("size", [2, 3, pytest.param(5, marks=pytest.mark.slow),
+                                  pytest.param(8, marks=pytest.mark.slow)])
+def test_every_dtype_op_and_count_in_chunks(size):
+    assert run_ranks(_every_dtype_and_op, size, timeout=60, deadline=300, env=SMALL) == [[]] * size
+
+
+def _left_fold_bits(rank, size):
+    """Values whose rounding depends on the order: every rank gets ((x0 + x1) + x2) + ..., bit for bit,
+    across chunks as within one."""
+    wrong = []
+    for dtype in (np.float32, np.float64, bfloat16 or np.float16):
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT):
+            count = 3 * CHUNK // np.dtype(dtype).itemsize + 5
+            inputs = [np.random.default_rng([r, int(op)]).normal(size=count).astype(dtype) for r in range(size)]
+            x = inputs[rank].copy()
+            dist.all_reduce(x, op=op)
+            want = inputs[0].copy()
+            ufunc = np.multiply if op is ReduceOp.PRODUCT else np.add
+            for other in inputs[1:]:
+                ufunc(want, other, out=want)
+            if op is ReduceOp.AVG:
+                np.divide(want, size, out=want, casting="unsafe")
+            if x.tobytes() != want.tobytes():
+                wrong.append(f"{np.dtype(dtype)} {op.name}")
+    return wrong
+
+
+def test_chunks_give_the_left_fold_in_rank_order():
+    assert run_ranks(_left_fold_bits, 6, timeout=30, env=SMALL) == [[]] * 6
+
+
+def _paths(rank, size):
+    """Which path each size takes; a two-dimensional array in chunks."""
+    taken = {}
+    for count in (AT_ONCE // 4, AT_ONCE // 4 + 1, MOST // 4, MOST // 4 + 1):
+        x = np.arange(count, dtype=np.float32) + rank
+        dist.all_reduce(x)
+        assert np.array_equal(x, size * np.arange(count, dtype=np.float32) + sum(range(size)))
+        plan = dist.default_group()._plans.get(("all_reduce", count, np.dtype(np.float32), ReduceOp.SUM, 0))
+        taken[count] = type(plan).__name__
+    grid = np.full((7, 143), rank + 1, np.float64)
+    dist.all_reduce(grid)
+    assert np.all(grid == sum(range(1, size + 1)))
+    return taken
+
+
+def test_one_round_then_chunks_then_the_schedules():
+    want = {AT_ONCE // 4: "Plan", AT_ONCE // 4 + 1: "ChunkedPlan", MOST // 4: "ChunkedPlan", MOST // 4 + 1: "NoneType"}
+    assert run_ranks(_paths, 3, timeout=30, env=SMALL) == [want] * 3
+
+
+def _mismatch(how):
+    def body(rank, size):
+        try:
+            dist.all_reduce(np.ones(10, np.float32))
+            if how == "count":  # both in chunks, different counts
+                dist.all_reduce(np.ones(1000 + rank, np.float32))
+            elif how == "round":  # rank 1 takes one round, rank 0 chunks
+                dist.all_reduce(np.ones(1000 if rank == 0 else 10, np.float32))
+            else:  # rank 1's call is too big for the lines: it runs a schedule
+                dist.all_reduce(np.ones(1000 if rank == 0 else MOST // 4 + 1, np.float32))
+        except dist.AllreduceError as exc:
+            return type(exc).__name__, str(exc)
+        return "no error", ""
+    return body
+
+
+@pytest.mark.parametrize("how,words", [("count", "count 1001 (expected 1000)"), ("round", "count"),
+                                       ("paths", "lines")])
+def test_a_mismatch_in_chunks_is_caught_on_every_rank(how, words):
+    results = run_ranks(_mismatch(how), 2, timeout=5, env=SMALL, expect_errors=True)
+    for rank, (kind, message) in enumerate(results):
+        assert kind in ("Mismatch", "PeerLost"), (rank, kind, message)
+        assert f"rank {rank}/2" in message, message
+    assert any(words in message for _, message in results), results
