@@ -51,3 +51,26 @@ def reduced(op: ReduceOp, arrays: list[np.ndarray]) -> np.ndarray:
 def same(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal dtype, shape and values (+0.0 and -0.0 are equal: a product's sign of zero depends on order)."""
     return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def left_fold_misses(all_reduce, rank: int, size: int, count: int) -> list[str]:
+    """Sums, averages and products of ``count`` values whose rounding depends on the order, through
+    ``all_reduce(array, op)``: the (dtype, op) pairs whose result is not the exact bits of
+    ``((x0 + x1) + x2) + ...``."""
+    from allreduce.dtypes import bfloat16
+
+    wrong = []
+    for dtype in (np.float32, np.float64, bfloat16 or np.float16):
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT):
+            inputs = [np.random.default_rng([r, int(op)]).normal(size=count).astype(dtype) for r in range(size)]
+            x = inputs[rank].copy()
+            all_reduce(x, op)
+            want = inputs[0].copy()
+            ufunc = np.multiply if op is ReduceOp.PRODUCT else np.add
+            for other in inputs[1:]:
+                ufunc(want, other, out=want)
+            if op is ReduceOp.AVG:
+                np.divide(want, size, out=want, casting="unsafe")
+            if x.tobytes() != want.tobytes():
+                wrong.append(f"{np.dtype(dtype)} {op.name}")
+    return wrong
