@@ -143,6 +143,8 @@ class ChunkedPlan:
                     np.copyto(data[low:high], folded)
                 number += 2
         except BaseException as exc:
+            for chunk in self._rounds[number & 1]:
+                chunk.terms[chunk.rank] = None  # nor of the caller's array, whichever chunk it failed in
             chunk = terms = into = folded = line = None  # a traceback kept by the group holds no view of the lines
             raise reworded(exc, f"{self.call.collective} #{seq} ({LABEL})", timeout) from exc
 
