@@ -20,7 +20,7 @@ from .api import (
     send, split_group, use_deterministic_algorithms,
 )
 from .errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, RendezvousError
-from .group import ProcessGroup
+from .runtime import ProcessGroup
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .ops import ReduceOp
 from .topology import Topology

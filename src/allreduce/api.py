@@ -24,7 +24,7 @@ import numpy as np
 from . import logs, rendezvous, topology, uneven
 from .bootstrap import form_group, leave
 from .buffers import as_array, flat
-from .group import ProcessGroup, finish_reduction
+from .runtime import ProcessGroup, Request, finish_reduction
 from .ops import ReduceOp, check_op
 from .p2p import TAG_UB, P2PWork
 from .planner import determinism
@@ -215,8 +215,8 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     arr = as_array(tensor)
     op = _checked_op(op, arr.dtype)
     data = arr if arr.ndim == 1 else flat(arr)
-    return g.collective("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
-                        finish_reduction(op, data, g.size), async_op)
+    return g.collective(Request("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
+                                finish_reduction(op, data, g.size)), async_op)
 
 
 def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,
@@ -228,7 +228,7 @@ def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None,
     _check_rank(dst, g, "dst")
     data = flat(arr)
     after = finish_reduction(op, data, g.size) if g.rank == dst else None
-    return g.collective("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after, async_op)
+    return g.collective(Request("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after), async_op)
 
 
 def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = False,
@@ -238,7 +238,7 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
     arr = as_array(tensor)
     _check_rank(src, g, "src")
     data = flat(arr)
-    return g.collective("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
+    return g.collective(Request("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm), async_op)
 
 
 def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Group = None, async_op: bool = False,
@@ -249,8 +249,8 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: G
     _check_same_dtype(out, inp)
     if out.size != g.size * inp.size:
         raise ValueError(f"output_tensor has {out.size} elements; all_gather needs world size x input = {g.size * inp.size}")
-    return g.collective("all_gather", {"data": _apart(inp, out), "out": flat(out)}, inp.size, inp.dtype,
-                        ReduceOp.SUM, 0, algorithm, None, async_op)
+    return g.collective(Request("all_gather", {"data": _apart(inp, out), "out": flat(out)}, inp.size, inp.dtype,
+                                algorithm=algorithm), async_op)
 
 
 def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Group = None, async_op: bool = False,
@@ -265,8 +265,8 @@ def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Group = None, a
         for i, o in enumerate(outs):
             flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
 
-    return g.collective("all_gather", {"data": flat(inp), "out": staged}, inp.size, inp.dtype,
-                        ReduceOp.SUM, 0, algorithm, scatter_out, async_op)
+    return g.collective(Request("all_gather", {"data": flat(inp), "out": staged}, inp.size, inp.dtype,
+                                algorithm=algorithm, after=scatter_out), async_op)
 
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, group: Group = None,
@@ -279,8 +279,8 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, 
     if inp.size != g.size * out.size:
         raise ValueError(f"input has {inp.size} elements; reduce_scatter needs world size x output = {g.size * out.size}")
     result = flat(out)
-    return g.collective("reduce_scatter", {"data": _apart(inp, out), "out": result}, out.size, out.dtype, op, 0,
-                        algorithm, finish_reduction(op, result, g.size), async_op)
+    return g.collective(Request("reduce_scatter", {"data": _apart(inp, out), "out": result}, out.size, out.dtype, op, 0,
+                                algorithm, finish_reduction(op, result, g.size)), async_op)
 
 
 def reduce_scatter(output: Tensor, input_list: list[Tensor], op: Op = ReduceOp.SUM, group: Group = None,
@@ -310,8 +310,8 @@ def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: list[in
     if out.size != inp.size or inp.size % g.size:
         raise ValueError(f"input and output must have the same size, divisible by the world size {g.size}; "
                          f"got {inp.size} and {out.size}")
-    return g.collective("all_to_all", {"data": _apart(inp, out), "out": flat(out)}, inp.size // g.size, inp.dtype,
-                        ReduceOp.SUM, 0, algorithm, None, async_op)
+    return g.collective(Request("all_to_all", {"data": _apart(inp, out), "out": flat(out)}, inp.size // g.size,
+                                inp.dtype, algorithm=algorithm), async_op)
 
 
 def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0, group: Group = None,
@@ -330,7 +330,7 @@ def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0
                 flat(o)[:] = staged[i * inp.size:(i + 1) * inp.size]
     elif gather_list is not None:
         raise ValueError(f"gather_list must be None on ranks other than dst={dst}")
-    return g.collective("gather", buffers, inp.size, inp.dtype, ReduceOp.SUM, dst, algorithm, after, async_op)
+    return g.collective(Request("gather", buffers, inp.size, inp.dtype, ReduceOp.SUM, dst, algorithm, after), async_op)
 
 
 def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0, group: Group = None,
@@ -345,13 +345,13 @@ def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int =
         buffers["data"] = np.concatenate([flat(i) for i in ins]) if out.size else np.empty(0, out.dtype)
     elif scatter_list is not None:
         raise ValueError(f"scatter_list must be None on ranks other than src={src}")
-    return g.collective("scatter", buffers, out.size, out.dtype, ReduceOp.SUM, src, algorithm, None, async_op)
+    return g.collective(Request("scatter", buffers, out.size, out.dtype, ReduceOp.SUM, src, algorithm), async_op)
 
 
 def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = _group(group)
-    return g.collective("barrier", {}, 0, np.dtype(np.uint8), ReduceOp.SUM, 0, None, None, async_op)
+    return g.collective(Request("barrier", {}, 0, np.dtype(np.uint8)), async_op)
 
 
 def send(tensor: Tensor, dst: int, group: Group = None, tag: int = 0) -> None:

@@ -14,7 +14,7 @@ import time
 
 from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
-from .group import ProcessGroup
+from .runtime import ProcessGroup
 from .rendezvous import LEFT_KEY
 from .settings import Settings
 from .timeline import TimelineTransport

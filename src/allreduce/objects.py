@@ -16,7 +16,7 @@ from typing import Any
 
 from . import uneven
 from .api import Group, resolve_group
-from .group import ProcessGroup
+from .runtime import ProcessGroup
 
 
 def dumps(obj: object) -> np.ndarray:

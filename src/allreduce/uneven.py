@@ -20,6 +20,7 @@ import numpy as np
 
 from .buffers import flat
 from .ops import ReduceOp
+from .runtime import Request
 from .work import Work
 
 HEADER = 8  # bytes of each slot that hold the block's length
@@ -29,7 +30,7 @@ BYTE = np.dtype(np.uint8)
 def largest(g, nbytes: int) -> int:
     """The largest ``nbytes`` any rank of ``g`` passed (one all-reduce of one number)."""
     value = np.array([nbytes], np.int64)
-    g.collective("all_reduce", {"data": value}, 1, value.dtype, ReduceOp.MAX)
+    g.collective(Request("all_reduce", {"data": value}, 1, value.dtype, ReduceOp.MAX))
     return int(value[0])
 
 
@@ -37,8 +38,8 @@ def all_gather(g, block: np.ndarray, deliver) -> None:
     """Every rank's ``block``; ``deliver(blocks)`` receives them (uint8, in rank order) on every rank."""
     stride = _stride(largest(g, block.nbytes))
     out = np.empty(g.size * stride, BYTE)
-    g.collective("all_gather", {"data": _pack([block], stride), "out": out}, stride, BYTE, ReduceOp.SUM, 0,
-                 None, lambda: deliver(_unpack(out, stride)))
+    g.collective(Request("all_gather", {"data": _pack([block], stride), "out": out}, stride, BYTE,
+                         after=lambda: deliver(_unpack(out, stride))))
 
 
 def gather(g, block: np.ndarray, root: int, deliver) -> None:
@@ -50,7 +51,7 @@ def gather(g, block: np.ndarray, root: int, deliver) -> None:
 
         def after():
             deliver(_unpack(out, stride))
-    g.collective("gather", buffers, stride, BYTE, ReduceOp.SUM, root, None, after)
+    g.collective(Request("gather", buffers, stride, BYTE, ReduceOp.SUM, root, after=after))
 
 
 def scatter(g, blocks: list[np.ndarray] | None, root: int) -> np.ndarray:
@@ -59,7 +60,7 @@ def scatter(g, blocks: list[np.ndarray] | None, root: int) -> np.ndarray:
     stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0) if mine else 0))
     out = np.empty(stride, BYTE)
     buffers = {"out": out, "data": _pack(blocks, stride)} if mine else {"out": out}
-    g.collective("scatter", buffers, stride, BYTE, ReduceOp.SUM, root)
+    g.collective(Request("scatter", buffers, stride, BYTE, ReduceOp.SUM, root))
     return _unpack(out, stride)[0]
 
 
@@ -68,7 +69,7 @@ def broadcast(g, block: np.ndarray | None, root: int) -> np.ndarray:
     mine = g.rank == root
     stride = _stride(largest(g, block.nbytes if mine else 0))
     data = _pack([block], stride) if mine else np.empty(stride, BYTE)
-    g.collective("broadcast", {"data": data}, stride, BYTE, ReduceOp.SUM, root)
+    g.collective(Request("broadcast", {"data": data}, stride, BYTE, ReduceOp.SUM, root))
     return _unpack(data, stride)[0]
 
 
@@ -76,8 +77,8 @@ def all_to_all(g, blocks: list[np.ndarray], deliver, async_op: bool = False, alg
     """Block j of every rank to rank j; ``deliver(blocks)`` receives what each rank sent here."""
     stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0)))
     out = np.empty(g.size * stride, BYTE)
-    return g.collective("all_to_all", {"data": _pack(blocks, stride), "out": out}, stride, BYTE, ReduceOp.SUM, 0,
-                        algorithm, lambda: deliver(_unpack(out, stride)), async_op)
+    return g.collective(Request("all_to_all", {"data": _pack(blocks, stride), "out": out}, stride, BYTE,
+                                algorithm=algorithm, after=lambda: deliver(_unpack(out, stride))), async_op)
 
 
 def place(received: list[np.ndarray], out: np.ndarray, counts, displs, who: str) -> None:

@@ -59,7 +59,7 @@ def test_no_private_name_crosses_a_module_boundary():
 
 def test_the_private_name_check_catches_both_forms(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("from allreduce import api\nfrom .group import _confirmed\nimport allreduce.api as a\n"
+    sample.write_text("from allreduce import api\nfrom .runtime import _confirmed\nimport allreduce.api as a\n"
                       "api._State\na._leave\nself._own\n")
     assert private_names_used_across_modules(sample) == [
-        "sample.py:2: from .group import _confirmed", "sample.py:4: api._State", "sample.py:5: a._leave"]
+        "sample.py:2: from .runtime import _confirmed", "sample.py:4: api._State", "sample.py:5: a._leave"]

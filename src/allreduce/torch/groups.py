@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from allreduce import api
-from allreduce.group import ProcessGroup
+from allreduce.runtime import ProcessGroup
 
 from .backend import ProcessGroupAllreduce
 from .hooks import cpu_backend

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from allreduce import api
-from allreduce.group import ProcessGroup
+from allreduce.runtime import ProcessGroup
 
 
 class ProcessSet:

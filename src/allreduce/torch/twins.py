@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 
 from allreduce import bootstrap
-from allreduce.group import ProcessGroup
+from allreduce.runtime import ProcessGroup
 from allreduce.transport.shm import ShmOptions
 
 _FORMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> twins formed of it so far

@@ -45,17 +45,19 @@ import threading
 
 import numpy as np
 
-from . import algorithms, collectives, fastpath, logs, planner, wire
-from .planner import determinism
-from .algorithms.schedule import Recv, Region, Schedule, Send
-from .errors import AllreduceError, CommTimeout, GroupBroken, Interrupted, Mismatch, PeerLost
-from .executor import Call, Executor
-from .p2p import Engine, P2PWork
-from .settings import Settings
-from .ops import ReduceOp, finish as finish_op
-from .topology import Topology, from_host_ids
-from .transport import Transport
-from .work import Work
+from .. import algorithms, collectives, logs, planner, wire
+from ..engines import lines as fastpath
+from ..planner import determinism
+from ..algorithms.schedule import Recv, Region, Schedule, Send
+from ..errors import AllreduceError, CommTimeout, GroupBroken, Interrupted, Mismatch, PeerLost
+from ..engines.schedules import Call, Executor
+from ..p2p import Engine, P2PWork
+from ..settings import Settings
+from ..ops import ReduceOp, finish as finish_op
+from ..topology import Topology, from_host_ids
+from ..transport import Transport
+from ..work import Work
+from .request import Request
 
 _log = logs.get("planner")
 STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
@@ -124,15 +126,15 @@ class ProcessGroup:
 
     # ---- issuing ---------------------------------------------------------------------------------
 
-    def collective(self, collective: str, buffers: dict[str, np.ndarray], count: int, dtype: np.dtype,
-                   op: ReduceOp = ReduceOp.SUM, root: int = 0, algorithm: str | None = None,
-                   after=None, async_op: bool = False) -> Work | None:
+    def collective(self, request: Request, async_op: bool = False) -> Work | None:
         """Run ``collective`` with the chosen algorithm's schedule on ``buffers`` (a small call among
         ranks of one host: on the lines, see the module docstring).
 
         ``after()`` runs once the schedule is done: copy-outs of list-shaped APIs, and AVG's division
         (see :func:`finish_reduction`).
         """
+        collective, buffers, count, dtype = request.collective, request.buffers, request.count, request.dtype
+        op, root, algorithm, after = request.op, request.root, request.algorithm, request.after
         usable = self._broken is None and not self._closed  # else the checks below say why not
         if self._lines is not None and usable and (algorithm is None or algorithm == "auto"):
             plan = self._plans.get((collective, count, dtype, op, root), False)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, wire
-from .algorithms.schedule import Copy, Recv, Schedule, Send
-from .dtypes import code_of
-from .errors import AllreduceError, CommTimeout, Interrupted
-from .ops import ReduceOp, kernel
-from .transport import RecvSpec, SendSpec, Transport
+from .. import collectives, wire
+from ..algorithms.schedule import Copy, Recv, Schedule, Send
+from ..dtypes import code_of
+from ..errors import AllreduceError, CommTimeout, Interrupted
+from ..ops import ReduceOp, kernel
+from ..transport import RecvSpec, SendSpec, Transport
 
 _REDUCE_BLOCK = 1 << 16  # bytes reduced at a time while a segment is still arriving
 

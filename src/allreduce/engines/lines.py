@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from . import collectives, wire
-from .dtypes import code_of
-from .executor import Call, reworded
-from .ops import ReduceOp, kernel
+from .. import collectives, wire
+from ..dtypes import code_of
+from .schedules import Call, reworded
+from ..ops import ReduceOp, kernel
 
 LABEL = "lines"  # the algorithm name errors and progress reports give this path
 SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": False, "barrier": False}
