@@ -168,7 +168,7 @@ def test_auto_follows_the_profile(tmp_path):
     bandwidth_bound = planner.choose("all_reduce", None, 4096, 8, profile=write(tmp_path, FAST_START, "fast.json"))
     assert latency_bound != bandwidth_bound
     network = lambda data: costmodel.from_json(data).network()  # noqa: E731
-    t = {name: costmodel.predict("all_reduce", name, 4096, 8, network(SLOW_START)) for name in algorithms.names("all_reduce")}
+    t = {name: costmodel.predict("all_reduce", name, 4096, 8, network(SLOW_START)) for name in algorithms.anywhere("all_reduce", algorithms.names("all_reduce"))}
     assert latency_bound == min(t, key=t.get)
 
 
@@ -269,10 +269,16 @@ def test_tune_measures_and_stores_a_profile(tmp_path):
     assert "tcp intra-host" in done.stdout and "per step" in done.stdout
 
 
-def test_plan_explains_its_choice_in_one_line(capsys):
+def test_plan_explains_its_choice_in_one_line(capsys, monkeypatch):
     assert cli.main(["plan", "--size", "8", "-n", "4", "--cores", "0"]) == 0
     line = capsys.readouterr().out.splitlines()[-1]
-    assert "per-message latency" in line and ".py" not in line
+    assert line.startswith("# auto runs: lines (") and "per-message latency" in line and ".py" not in line
+    assert cli.main(["plan", "--size", "256MiB", "-n", "4", "--cores", "0"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("# auto runs: chunked_lines (") and "moving and reducing bytes" in line
+    assert cli.main(["plan", "--size", "16MiB", "-n", "4", "--deterministic"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("# auto runs: chunked_lines (")  # in rank order
+    monkeypatch.setenv("ALLREDUCE_SHM_CHUNKED_MAX", "0")  # no lines in chunks: the schedules
     assert cli.main(["plan", "--size", "256MiB", "-n", "4", "--cores", "0"]) == 0
     assert "moving and reducing bytes" in capsys.readouterr().out.splitlines()[-1]
     assert cli.main(["plan", "--size", "16MiB", "-n", "4", "--deterministic"]) == 0

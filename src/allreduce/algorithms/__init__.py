@@ -14,7 +14,8 @@ seconds per message, ``beta`` per byte sent and ``gamma`` per byte reduced, and 
 nccl-tests would report for the call: the tensor (all_reduce, reduce, broadcast), the whole gathered
 or reduced-input buffer (all_gather, reduce_scatter, gather, scatter: ``n`` blocks), one rank's
 buffer (all_to_all); barrier ignores it. A pipelined entry (one with a ``chunk`` option) is priced at
-its best chunk count; its ``cost`` takes ``chunk_bytes=`` to price a fixed chunk instead.
+its best chunk count (``chunked_lines`` at a line, which fixes it); its ``cost`` takes ``chunk_bytes=``
+to price a fixed chunk instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .. import collectives
-from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, ordered, pairwise,
+from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, lines, ordered, pairwise,
                rabenseifner, recursive_doubling, recursive_halving, ring, tree)
 from .schedule import Schedule
 
@@ -45,6 +46,9 @@ class Algorithm:
     shift_invariant: bool = False  # with its default options, every rank is rank 0 rotated: the simulator times a cell
     one_chunk_per_rank: bool = False  # cuts ``count`` into one chunk per rank (a cell rounds it up)
     in_rank_order: bool = False  # reduces every element as the left fold over ranks in rank order, at any size
+    # "any": runs on every transport; "lines": a protocol of the shared-memory lines (``lines.py``), which auto
+    # picks only where the group's transport has them (``planner.choose(lines=...)``); named, it runs anywhere
+    medium: str = "any"
     # (size, count, **options) -> [(parents, depths, chunk bounds)]: the pipelined trees it runs (``tree.py``),
     # which the simulator times without building every rank's schedule
     trees: Callable[..., list] | None = None
@@ -102,6 +106,17 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("gather", "binomial", binomial.gather, binomial.gather_cost),
     Algorithm("scatter", "binomial", binomial.scatter, binomial.scatter_cost),
     Algorithm("barrier", "dissemination", dissemination.barrier, dissemination.barrier_cost, shift_invariant=True),
+    # the shared-memory lines: one round, and all-reduces and reduces in chunks of a line
+    Algorithm("all_reduce", "lines", lines.all_reduce, lines.reduce_cost, shift_invariant=True, in_rank_order=True,
+              medium="lines"),
+    Algorithm("reduce", "lines", lines.reduce, lines.reduce_cost, in_rank_order=True, medium="lines"),
+    Algorithm("broadcast", "lines", lines.broadcast, lines.broadcast_cost, medium="lines"),
+    Algorithm("all_gather", "lines", direct.all_gather, lines.all_gather_cost, shift_invariant=True, medium="lines"),
+    Algorithm("barrier", "lines", lines.barrier, lines.barrier_cost, shift_invariant=True, medium="lines"),
+    Algorithm("all_reduce", "chunked_lines", lines.chunked_all_reduce, lines.chunked_cost,
+              {"chunk": lines.DEFAULT_CHUNK}, in_rank_order=True, medium="lines"),
+    Algorithm("reduce", "chunked_lines", lines.chunked_reduce, lines.chunked_cost, {"chunk": lines.DEFAULT_CHUNK},
+              in_rank_order=True, medium="lines"),
 )
 
 _REGISTRY = MappingProxyType({c: {a.name: a for a in ALGORITHMS if a.collective == c}
@@ -131,6 +146,11 @@ def in_rank_order(collective: str, size: int) -> tuple[str, ...]:
 def names(collective: str) -> tuple[str, ...]:
     """The algorithm names registered for ``collective``; ``ValueError`` for an unknown collective."""
     return tuple(_algorithms(collective))
+
+
+def anywhere(collective: str, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``candidates`` that run on any transport (the lines' own are left out)."""
+    return tuple(name for name in candidates if get(collective, name).medium == "any")
 
 
 def get(collective: str, name: str) -> Algorithm:

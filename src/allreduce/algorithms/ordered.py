@@ -50,7 +50,7 @@ def fold(terms: list[Region], acc: Region) -> list[Copy]:
     return copies
 
 
-def _exchange(rank: int, size: int, mine: Region, chunk_of) -> tuple[list, list[Region]]:
+def exchange(rank: int, size: int, mine: Region, chunk_of) -> tuple[list, list[Region]]:
     """The exchange step (each peer's chunk to it, each peer's contribution to ``mine`` into a slot)
     and the fold's terms in rank order (the slots, with ``chunk_of(rank)`` in this rank's place)."""
     ops, terms = [], []
@@ -79,10 +79,10 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     check_call(rank, size, count, root)
     bounds = chunk_bounds(count, size)
     mine = region("data", bounds, rank)
-    exchange, terms = _exchange(rank, size, mine, lambda r: region("data", bounds, r))
+    swap, terms = exchange(rank, size, mine, lambda r: region("data", bounds, r))
     peers = direct.turns(rank, size)
     gather = direct.gather(peers, mine, [region("data", bounds, p) for p in peers])
-    return Schedule(without_empty([exchange, fold(terms, mine) + gather]), tmp=(size - 1) * mine.count)
+    return Schedule(without_empty([swap, fold(terms, mine) + gather]), tmp=(size - 1) * mine.count)
 
 
 @lru_cache(maxsize=1024)
@@ -97,8 +97,8 @@ def reduce_scatter(rank: int, size: int, count: int, *, root: int = 0) -> Schedu
     """
     check_call(rank, size, count, root)
     out = Region("out", 0, count)
-    exchange, terms = _exchange(rank, size, out, lambda r: block("data", count, r))
-    return Schedule(without_empty([exchange, fold(terms, out)]), tmp=(size - 1) * count)
+    swap, terms = exchange(rank, size, out, lambda r: block("data", count, r))
+    return Schedule(without_empty([swap, fold(terms, out)]), tmp=(size - 1) * count)
 
 
 @lru_cache(maxsize=1024)
@@ -116,10 +116,10 @@ def reduce(rank: int, size: int, count: int, *, root: int = 0) -> Schedule:
     chunk = region("data", bounds, rank)
     slots = (size - 1) * chunk.count
     acc = chunk if rank == root else Region("tmp", slots, slots + chunk.count)
-    exchange, terms = _exchange(rank, size, chunk, lambda r: region("data", bounds, r))
+    swap, terms = exchange(rank, size, chunk, lambda r: region("data", bounds, r))
     if rank == root:
         collect = [Recv(p, region("data", bounds, p)) for p in range(size) if p != root]
     else:
         collect = [Send(root, acc)]
-    return Schedule(without_empty([exchange, fold(terms, acc) + collect]),
+    return Schedule(without_empty([swap, fold(terms, acc) + collect]),
                     tmp=slots + (0 if rank == root else chunk.count))

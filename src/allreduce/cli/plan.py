@@ -11,14 +11,14 @@ import argparse
 
 import numpy as np
 
-from allreduce import algorithms, collectives, dtypes
+from allreduce import algorithms, collectives, dtypes, planner
 from allreduce.planner import costmodel
 from allreduce.settings import Settings
 from allreduce.sim import simulate
 from allreduce.sim.sweep import format_bytes
 
 from . import launcher
-from .simulate import itemsize_of, size_arg
+from .simulate import itemsize_of, line_limits, size_arg
 from .tune import describe
 
 
@@ -56,6 +56,7 @@ def main(args: argparse.Namespace) -> int:
             profile = profile.updated(cores=args.cores)
         network = profile.network(args.hosts, args.dtype)
         network.ranks_per_host(args.nranks)
+        limits = line_limits() if args.hosts == 1 else None
     except ValueError as exc:
         args.error(str(exc))
     itemsize = itemsize_of(args.dtype)
@@ -68,11 +69,13 @@ def main(args: argparse.Namespace) -> int:
     print(header + (f"{'simulated(us)':>15}" if args.simulate else ""))
     factor = collectives.get(coll).bus_factor(n)
     for name in algorithms.names(coll):
-        seconds = costmodel.predict(coll, name, args.size, n, network, itemsize)
+        on = profile.network(args.hosts, args.dtype, costmodel.transport_for(coll, name, args.hosts, "tcp"))
+        seconds = costmodel.predict(coll, name, args.size, n, on, itemsize)
         cells = (f"{seconds * 1e6:>15.1f}{_busbw(args.size, seconds, factor):>13.3f}" if seconds is not None
                  else f"{'no formula':>15}{'-':>13}")
         if args.simulate:
-            cells += f"{simulate(coll, name, args.size, n, network, itemsize=itemsize).time * 1e6:>15.1f}"
+            options = planner.options(name, itemsize, limits)
+            cells += f"{simulate(coll, name, args.size, n, on, itemsize=itemsize, **options).time * 1e6:>15.1f}"
         print(f"{name:>20}{cells}")
     settings = Settings.from_env()
     ordered = (args.deterministic or settings.deterministic == "1") and collectives.get(coll).reduces and n > 2
@@ -80,13 +83,23 @@ def main(args: argparse.Namespace) -> int:
     forced = settings.algorithm
     note = f" (but ALLREDUCE_ALGO={forced} overrides it)" if forced != "auto" and forced in candidates else ""
     mode = " in deterministic mode, where only algorithms that reduce in rank order run" if ordered else ""
-    if coll == "all_reduce" and 1 < args.hosts < n and not ordered:  # what the group runs: inside, across, inside
+    per_rank = collectives.get(coll).count_for(args.size, n, itemsize) * itemsize
+    lines = planner.on_lines(coll, per_rank, itemsize, limits)
+    if lines in candidates:  # the rule, not a price: what the group's lines take
+        how = ("in one round" if lines == "lines" else
+               f"in chunks of {format_bytes(limits.capacity)}, two rounds each")
+        on = profile.network(1, args.dtype, costmodel.LINES)
+        print(f"# auto runs: {costmodel.explain(coll, args.size, n, on, itemsize, (lines,))}, as the shared-memory "
+              f"lines take this call {how} on one host{mode}{note}")
+    elif coll == "all_reduce" and 1 < args.hosts < n and not ordered:  # what the group runs: inside, across, inside
         per_host, cross = n // args.hosts, algorithms.get(coll, "hierarchical").options["cross"]
         print(f"# auto runs: hierarchical (each host first reduces its {per_host} ranks' data, a {cross} all-reduce "
               f"then runs across the {args.hosts} hosts, and each host shares the result){note}")
     else:
-        print(f"# auto runs: {costmodel.explain(coll, args.size, n, network, itemsize, candidates)}{mode}{note}")
+        anywhere = algorithms.anywhere(coll, candidates)
+        print(f"# auto runs: {costmodel.explain(coll, args.size, n, network, itemsize, anywhere)}{mode}{note}")
     return 0
+
 
 
 def _busbw(nbytes: int, seconds: float, factor: float) -> float:

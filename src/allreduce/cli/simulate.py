@@ -13,13 +13,14 @@ import dataclasses
 import re
 import time
 
-from allreduce import algorithms, dtypes
+from allreduce import algorithms, dtypes, planner
 from allreduce.model.network import Network
 from allreduce.planner import costmodel
 from allreduce.settings import Settings
 from allreduce.sim import simulate
 from allreduce.sim.sweep import crossovers, fastest, format_bytes, plot, sweep
 from allreduce.trace import Trace
+from allreduce.transport.shm.options import ShmOptions
 
 from . import checks, launcher
 from .progress import Progress
@@ -51,9 +52,9 @@ def parse_per_byte(text: str) -> float:
     return 1 / bytes_per_second
 
 
-def network_from_args(args: argparse.Namespace) -> Network:
-    """The profile's network for ``--hosts`` and ``--dtype``, with the flags' replacements."""
-    network = costmodel.load(args.profile or Settings.from_env().profile).network(args.hosts, args.dtype)
+def network_from_args(args: argparse.Namespace, transport: str = "tcp") -> Network:
+    """The profile's network for ``--hosts``, ``--dtype`` and ``transport``, with the flags' replacements."""
+    network = costmodel.load(args.profile or Settings.from_env().profile).network(args.hosts, args.dtype, transport)
     uniform = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("duplex", args.duplex),
                                  ("step", args.step)) if v is not None}
     inter = {k: v for k, v in (("alpha", args.inter_alpha), ("beta", args.inter_beta),
@@ -119,6 +120,9 @@ def main(args: argparse.Namespace) -> int:
             algorithms.get(args.collective, name)
         network = network_from_args(args)
         network.ranks_per_host(args.nranks)
+        networks = {name: network_from_args(args, transport) for name in names
+                    if (transport := costmodel.transport_for(args.collective, name, args.hosts, "tcp")) != "tcp"}
+        limits = line_limits()
     except ValueError as exc:
         args.error(str(exc))
     if args.timeline and (args.sweep or len(names) != 1):
@@ -132,14 +136,14 @@ def main(args: argparse.Namespace) -> int:
           f"beta {network.inter.beta * 1e9:.3f} ns/B; gamma {network.gamma * 1e9:.3f} ns/B; "
           f"{network.cores or 'unlimited'} cores per host (local work x{network.stretch(args.nranks):g})")
     if args.sweep:
-        return _sweep(args, names, network, itemsize)
+        return _sweep(args, names, network, itemsize, networks)
     trace = Trace(source="allreduce simulate", collective=args.collective, algorithm=names[0],
                   size=args.nranks, nbytes=args.size) if args.timeline else None
     print(f"#{'algorithm':>19}{'size(B)':>14}{'time(us)':>14}{'busbw(GB/s)':>13}{'steps':>8}  method   wall(s)")
     for name in names:
         started = time.perf_counter()
-        r = simulate(args.collective, name, args.size, args.nranks, network, itemsize=itemsize, trace=trace,
-                     trace_ranks=args.trace_ranks)
+        r = simulate(args.collective, name, args.size, args.nranks, networks.get(name, network), itemsize=itemsize,
+                     trace=trace, trace_ranks=args.trace_ranks, **planner.options(name, itemsize, limits))
         print(f"{name:>20}{r.nbytes:>14}{r.time * 1e6:>14.1f}{r.busbw:>13.3f}{r.steps:>8}  "
               f"{r.method:<8}{time.perf_counter() - started:>7.2f}")
     if trace is not None:
@@ -148,11 +152,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(args: argparse.Namespace, names: list[str], network: Network, itemsize: int) -> int:
+def _sweep(args: argparse.Namespace, names: list[str], network: Network, itemsize: int,
+           networks: dict[str, Network]) -> int:
     sizes = sweep_sizes(max(args.min_bytes, itemsize), args.size, args.factor)
     with Progress(len(names) * len(sizes), "allreduce simulate") as progress:
         table = sweep(args.collective, names, sizes, args.nranks, network, itemsize,
-                      on_result=lambda _: progress.advance())
+                      on_result=lambda _: progress.advance(), networks=networks)
     winners = fastest(table)
     width = max(14, *(len(name) + 6 for name in names))
     print("#" + f"{'size(B)':>13}" + "".join(f"{name + '(us)':>{width}}" for name in names) + f"  fastest")
@@ -168,6 +173,12 @@ def _sweep(args: argparse.Namespace, names: list[str], network: Network, itemsiz
             args.error("--plot needs matplotlib: pip install matplotlib")
         print(f"# plot written to {args.plot}")
     return 0
+
+
+def line_limits() -> planner.LineLimits:
+    """What the shared-memory lines take under ``ALLREDUCE_SHM_*`` (the defaults where unset)."""
+    options = ShmOptions.from_env()
+    return planner.LineLimits(options.line_max, options.chunked_max, options.line_capacity)
 
 
 def itemsize_of(name: str) -> int:

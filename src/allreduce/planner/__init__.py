@@ -8,6 +8,12 @@ A forced algorithm (``ALLREDUCE_ALGO``, passed in as ``forced``) overrides the c
 named algorithm exists for the collective. In deterministic mode (``in_rank_order``, see
 :mod:`.determinism`) the candidates are only the algorithms that reduce in rank order, and a named or
 forced algorithm that does not is replaced by the fastest one that does.
+
+The shared-memory lines (``algorithms/lines.py``) are chosen by rule, not price, where the group's
+transport has them (``lines``, a :class:`LineLimits`) and the choice is auto: a one-round collective of
+at most ``at_once`` bytes per rank takes them in one round, a larger all-reduce or reduce of at most
+``chunked_max`` bytes in chunks; their entries reduce in rank order, so deterministic mode keeps the
+rule. Without ``lines`` auto never picks them (a named one still runs, on the executor).
 ``allreduce plan`` prints the predictions behind a choice.
 """
 
@@ -18,12 +24,16 @@ import functools
 import numpy as np
 
 from .. import algorithms, collectives
+from ..algorithms import lines as line_schedules
+from ..algorithms.lines import LineLimits
 from . import costmodel
+
+__all__ = ["LineLimits", "choose", "on_lines", "options"]
 
 
 def choose(collective: str, requested: str | None, nbytes: int, size: int, *, hosts: int = 1,
            dtype=None, transport: str = "tcp", forced: str = "auto", profile: str = "",
-           in_rank_order: bool = False) -> str:
+           in_rank_order: bool = False, lines: LineLimits | None = None) -> str:
     """The registered algorithm to run.
 
     Args:
@@ -38,22 +48,42 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
         forced: the job's forced algorithm (``ALLREDUCE_ALGO``), used where ``collective`` has it.
         profile: the cost profile file (default: the user's cache, else built-in defaults).
         in_rank_order: choose only among algorithms that reduce in rank order (deterministic mode).
+        lines: what the group's shared-memory lines take, where its transport has them.
 
     Raises:
         ValueError: an unknown algorithm name (listing the choices), or an unreadable cost profile.
     """
-    name = requested or "auto"
+    name, dtype = requested or "auto", np.dtype(dtype or np.float32)
     allowed = algorithms.in_rank_order(collective, size) if in_rank_order else algorithms.names(collective)
     if name != "auto":
         algorithms.get(collective, name)  # raises with the list of names
         if name in allowed:
             return name
-    elif forced != "auto" and forced in allowed:
-        return forced
-    dtype = np.dtype(dtype or np.float32)
+    elif forced != "auto":
+        if forced in allowed:
+            return forced
+    elif (taken := on_lines(collective, nbytes, dtype.itemsize, lines)) in allowed:
+        return taken
     whole = nbytes * size if collectives.get(collective).split else nbytes
     return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load(profile),
-                 allowed)
+                 algorithms.anywhere(collective, allowed))
+
+
+def on_lines(collective: str, nbytes: int, itemsize: int, lines: LineLimits | None) -> str | None:
+    """``"lines"`` or ``"chunked_lines"`` where an auto call of ``nbytes`` per rank takes the ``lines``
+    (exactly as ``fastpath.plan`` decides), else ``None``."""
+    if lines is None:
+        return None
+    if collective in line_schedules.ONE_ROUND and lines.at_once and nbytes <= lines.at_once:
+        return "lines"
+    if collective in line_schedules.CHUNKED and nbytes <= lines.chunked_max and itemsize <= lines.capacity:
+        return "chunked_lines"
+    return None
+
+
+def options(name: str, itemsize: int, lines: LineLimits | None) -> dict:
+    """The schedule options that make ``name`` run as the ``lines`` do: ``chunked_lines``' chunk is a line."""
+    return {"chunk": lines.chunk(itemsize)} if name == "chunked_lines" and lines is not None else {}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -43,7 +43,8 @@ from .. import algorithms, collectives
 from ..model import traffic
 from ..model.network import Link, Network
 
-TRANSPORTS = ("tcp", "shm")
+TRANSPORTS = ("tcp", "shm")  # those ``allreduce tune`` measures
+LINES = "lines"  # the shared-memory lines' own figures: a profile's link, priced as a transport of one host
 SCOPES = ("intra", "inter")
 FORMAT = 1  # version of the profile file
 
@@ -101,7 +102,11 @@ def _default() -> Profile:
     """Typical of several ``allreduce tune`` runs on the development machine (a 2-core VM; single runs
     vary by up to 2x with the machine's other load); the inter-host link is an assumed 10 GbE."""
     return Profile(
-        links=(("shm", "intra", Link(40e-6, 0.2e-9, 1.5)),
+        # the lines (algorithms/lines.py): alpha is one round, a post and a wait however many peers (an 8 B
+        # all-reduce of 2 ranks in docs/performance.md, per-call work included), beta a byte read from a
+        # peer's line (a memory copy); tune leaves them be
+        links=(("lines", "intra", Link(9e-6, 0.06e-9)),
+               ("shm", "intra", Link(40e-6, 0.2e-9, 1.5)),
                ("tcp", "inter", Link(60e-6, 0.8e-9)),
                ("tcp", "intra", Link(50e-6, 0.25e-9, 1.7))),
         gamma=(("bfloat16", 0.9e-9), ("float16", 15e-9), ("float32", 0.085e-9), ("float64", 0.09e-9)),
@@ -157,8 +162,9 @@ def from_json(data: dict, source: str = "") -> Profile:
     links = {}
     for transport, scopes in data.get("links", {}).items():
         for scope, fields in scopes.items():
-            if transport not in TRANSPORTS or scope not in SCOPES:
-                raise ValueError(f"unknown link {transport}/{scope}; known transports {TRANSPORTS}, scopes {SCOPES}")
+            if transport not in (*TRANSPORTS, LINES) or scope not in SCOPES:
+                raise ValueError(f"unknown link {transport}/{scope}; known transports {(*TRANSPORTS, LINES)}, "
+                                 f"scopes {SCOPES}")
             links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]), float(fields.get("duplex", 1.0)),
                                            float(fields.get("step", 0.0)), float(fields.get("crowded", 1.0)))
     gamma = {str(np.dtype(name)): float(value) for name, value in data.get("gamma", {}).items()}
@@ -173,6 +179,11 @@ def save(profile: Profile, path: str) -> None:
     with open(path, "w") as f:
         json.dump(profile.to_json(), f, indent=1)
         f.write("\n")
+
+
+def transport_for(collective: str, name: str, hosts: int, transport: str) -> str:
+    """The transport whose figures price ``name``: the lines' own for an entry of the lines on one host."""
+    return LINES if hosts == 1 and algorithms.get(collective, name).medium == "lines" else transport
 
 
 def predict(collective: str, name: str, nbytes: int, size: int, network: Network, itemsize: int = 4) -> float | None:
@@ -299,7 +310,7 @@ def explain(collective: str, nbytes: int, size: int, network: Network, itemsize:
 
     Example: ``"ring (48.1 ms, 1.21x faster than rabenseifner; 99% of it is moving and reducing bytes)"``.
     """
-    candidates = algorithms.names(collective) if candidates is None else candidates
+    candidates = algorithms.anywhere(collective, algorithms.names(collective)) if candidates is None else candidates
     choice = best(collective, nbytes, size, network, itemsize, candidates)
     seconds = predict(collective, choice, nbytes, size, network, itemsize)
     if seconds is None:
@@ -328,9 +339,10 @@ def _duration(seconds: float) -> str:
 
 def best(collective: str, nbytes: int, size: int, network: Network, itemsize: int = 4,
          candidates: tuple[str, ...] | None = None) -> str:
-    """The algorithm among ``candidates`` (default: all) with the smallest predicted time; the
-    collective's default when none has a formula (the first candidate when the default is not one)."""
-    candidates = algorithms.names(collective) if candidates is None else candidates
+    """The algorithm among ``candidates`` (default: all that run on any transport) with the smallest
+    predicted time; the collective's default when none has a formula (the first candidate when the
+    default is not one)."""
+    candidates = algorithms.anywhere(collective, algorithms.names(collective)) if candidates is None else candidates
     times = {name: predict(collective, name, nbytes, size, network, itemsize) for name in candidates}
     priced = {name: t for name, t in times.items() if t is not None and math.isfinite(t)}
     if priced:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from . import Result, simulate
 from ..model.network import Network
@@ -25,11 +25,13 @@ class Crossover:
 
 
 def sweep(collective: str, algorithms: list[str], sizes: list[int], size: int, network: Network,
-          itemsize: int = 4, on_result: Callable[[Result], object] | None = None) -> dict[str, list[Result]]:
+          itemsize: int = 4, on_result: Callable[[Result], object] | None = None,
+          networks: Mapping[str, Network] | None = None) -> dict[str, list[Result]]:
     """``{algorithm: [Result per size]}`` for every algorithm and size (bytes of the whole buffer);
-    ``on_result`` is called after each simulation (e.g. to show progress)."""
+    ``on_result`` is called after each simulation (e.g. to show progress); ``networks`` gives some
+    algorithms a network of their own (the shared-memory lines' figures, say)."""
     def one(name: str, nbytes: int) -> Result:
-        result = simulate(collective, name, nbytes, size, network, itemsize=itemsize)
+        result = simulate(collective, name, nbytes, size, (networks or {}).get(name, network), itemsize=itemsize)
         if on_result is not None:
             on_result(result)
         return result
