@@ -24,8 +24,8 @@ import numpy as np
 from . import logs, rendezvous, topology, uneven
 from .bootstrap import form_group, leave
 from .buffers import as_array, flat
-from .runtime import ProcessGroup, Request, finish_reduction
-from .ops import ReduceOp, check_op
+from .runtime import ProcessGroup, Request
+from .ops import ReduceOp, check_op, finish_reduction
 from .p2p import TAG_UB, P2PWork
 from .planner import determinism
 from .settings import DEFAULT_TIMEOUT, Settings

@@ -72,51 +72,25 @@ def configure(level: str) -> None:
     DETAIL = level == "DETAIL"
 
 
-class TimedExecutor:
-    """An executor that logs each collective's fingerprint and time (``ALLREDUCE_DEBUG=DETAIL``).
+class TimedPlanned:
+    """A planned call (:mod:`allreduce.engines`) that logs each run's fingerprint and time
+    (``ALLREDUCE_DEBUG=DETAIL``); everything else passes through."""
 
-    Wraps any object with ``run(schedule, buffers, call, ...)`` and passes everything else through.
-    """
-
-    def __init__(self, executor, rank: int):
-        self._executor = executor
+    def __init__(self, planned, rank: int):
+        self._planned = planned
         self._log = get("collective")
         self._rank = rank
 
-    def run(self, schedule, buffers, call, *args, **kwargs):
-        """Run ``call`` on the wrapped executor, then log it with the seconds it took."""
+    def run(self, buffers, seq: int, *args, **kwargs):
+        """Run the planned call as call ``seq``, then log it with the seconds it took."""
         start = time.perf_counter()
         try:
-            return self._executor.run(schedule, buffers, call, *args, **kwargs)
+            return self._planned.run(buffers, seq, *args, **kwargs)
         finally:
-            _log_call(self._log, self._rank, call, call.seq, start)
+            _log_call(self._log, self._rank, self._planned.call, seq, start)
 
     def __getattr__(self, name: str):
-        return getattr(self._executor, name)
-
-
-class TimedPlan:
-    """A small-message plan (:mod:`allreduce.fastpath`) that logs each run as :class:`TimedExecutor` logs
-    a collective: the lines bypass the executor, so ``DETAIL`` wraps their plans too (when each is made).
-
-    Wraps any object with ``call`` and ``run(buffers, number, seq, ...)``; passes everything else through.
-    """
-
-    def __init__(self, plan, rank: int):
-        self._plan = plan
-        self._log = get("collective")
-        self._rank = rank
-
-    def run(self, buffers, number: int, seq: int, *args, **kwargs):
-        """Run the plan as call ``seq``, then log it with the seconds it took."""
-        start = time.perf_counter()
-        try:
-            return self._plan.run(buffers, number, seq, *args, **kwargs)
-        finally:
-            _log_call(self._log, self._rank, self._plan.call, seq, start)
-
-    def __getattr__(self, name: str):
-        return getattr(self._plan, name)
+        return getattr(self._planned, name)
 
 
 def _log_call(log: logging.Logger, rank: int, call, seq: int, start: float) -> None:

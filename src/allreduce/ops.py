@@ -8,6 +8,7 @@ ops on floats, AVG on integers). AVG travels as SUM and is divided by the group 
 from __future__ import annotations
 
 import enum
+from typing import Callable
 
 import numpy as np
 
@@ -84,3 +85,11 @@ def finish(op: ReduceOp, result: np.ndarray, group_size: int) -> None:
     """Apply what an op still owes after combining: AVG divides the sum by the number of ranks."""
     if op is ReduceOp.AVG and group_size > 1:
         np.divide(result, group_size, out=result, casting="unsafe")
+
+
+def finish_reduction(op: ReduceOp, result: np.ndarray, size: int) -> Callable[[], None] | None:
+    """The ``after`` callback of a collective that leaves what ``op`` still owes on ``result`` (AVG's
+    division by ``size``), or ``None`` when it owes nothing."""
+    if op is not ReduceOp.AVG:
+        return None
+    return lambda: finish(op, result, size)

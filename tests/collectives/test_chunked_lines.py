@@ -14,7 +14,7 @@ from support.reference import left_fold_misses, make_input, reduced, same
 
 import allreduce as dist
 from allreduce.dtypes import SUPPORTED
-from allreduce.ops import ReduceOp, allowed_ops
+from allreduce.ops import allowed_ops
 from allreduce.transport import shm
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64")
@@ -46,9 +46,10 @@ def _every_dtype_and_op(rank, size):
                 dist.reduce(y, dst=root, op=op)
                 if not same(y, reduced(op, inputs) if rank == root else inputs[rank]):
                     failures.append(f"reduce {dtype} {op.name} count={count} root={root}")
-    plans = dist.default_group()._plans.values()
-    if not any(type(plan).__name__ == "ChunkedPlan" for plan in plans):
-        failures.append("no call took the lines in chunks")
+    float64 = np.dtype(np.float64)
+    chosen = {dist.default_group().algorithm_for("all_reduce", None, count * 8, float64) for count in counts(float64, size)}
+    if "chunked_lines" not in chosen:
+        failures.append(f"no call took the lines in chunks: {chosen}")
     return failures
 
 
@@ -75,8 +76,7 @@ def _paths(rank, size):
         x = np.arange(count, dtype=np.float32) + rank
         dist.all_reduce(x)
         assert np.array_equal(x, size * np.arange(count, dtype=np.float32) + sum(range(size)))
-        plan = dist.default_group()._plans.get(("all_reduce", count, np.dtype(np.float32), ReduceOp.SUM, 0))
-        taken[count] = type(plan).__name__
+        taken[count] = dist.default_group().algorithm_for("all_reduce", None, count * 4, np.dtype(np.float32))
     grid = np.full((7, 143), rank + 1, np.float64)
     dist.all_reduce(grid)
     assert np.all(grid == sum(range(1, size + 1)))
@@ -84,8 +84,11 @@ def _paths(rank, size):
 
 
 def test_one_round_then_chunks_then_the_schedules():
-    want = {AT_ONCE // 4: "Plan", AT_ONCE // 4 + 1: "ChunkedPlan", MOST // 4: "ChunkedPlan", MOST // 4 + 1: "NoneType"}
-    assert run_ranks(_paths, 3, timeout=30, env=SMALL) == [want] * 3
+    taken = run_ranks(_paths, 3, timeout=30, env=SMALL)
+    assert taken[1:] == taken[:-1]
+    want = {AT_ONCE // 4: "lines", AT_ONCE // 4 + 1: "chunked_lines", MOST // 4: "chunked_lines"}
+    assert {count: taken[0][count] for count in want} == want
+    assert taken[0][MOST // 4 + 1] not in ("lines", "chunked_lines")
 
 
 def _mismatch(how):

@@ -110,7 +110,7 @@ def _spin_windows(rank, size):
     load = len(os.sched_getaffinity(0)) + 1.0
     waiting.os.getloadavg = lambda: (load, load, load)
     time.sleep(1.1)  # past the last real reading of the load, which is kept for a second
-    lines = dist.default_group()._lines
+    lines = dist.default_group().transport.lines
     windows, wrong = [], []
     for i, gap in enumerate([150e-6] * 300 + [20e-3] * 20):
         if rank == 1:

@@ -1,19 +1,18 @@
-"""Small and medium collectives through the shared-memory lines: no schedule, no frames, a ready plan per
-call shape.
+"""The lines engine: the lines algorithms run on the shared-memory lines, a ready plan per call shape.
 
-When every rank of a group is on one host and the call's algorithm is left to the library, a
-collective of at most ``line_max`` bytes per rank (``ALLREDUCE_SHM_LINE_MAX``) takes the lines in one
-round (:mod:`.transport.shm.lines`): each rank writes its contribution into its line, waits for its
-peers' lines and reads them in place. An all-reduce or reduce of up to ``chunked_max`` bytes
-(``ALLREDUCE_SHM_CHUNKED_MAX``) takes them in chunks of a line (:class:`ChunkedPlan`): each rank
-folds its own slice of every chunk, then all copy the folded slices. A reduction folds in rank
-order, ``((x0 + x1) + x2) + ...``, so every rank computes the same bits: those deterministic mode
-asks for. The first call of a shape builds its plan (views on every line, the fingerprint); later
-calls of that shape allocate almost nothing.
+A group whose ranks all share one host has *lines* (:mod:`..transport.shm.lines`): each rank writes
+its contribution into its line, waits for its peers' lines and reads them in place, with no frames
+and no schedule to walk. ``lines`` (one round, up to ``line_max`` bytes per rank) serves all-reduce,
+reduce, broadcast, all-gather and barrier; ``chunked_lines`` (two rounds per chunk of a line) serves
+larger all-reduces and reduces: each rank folds its own slice of every chunk, then all copy the
+folded slices. A reduction folds in rank order, ``((x0 + x1) + x2) + ...``, so every rank computes
+the same bits: those deterministic mode asks for. Their schedules (:mod:`..algorithms.lines`) are
+the exact step model that the verifier checks, the simulator runs and the planner prices; this
+engine runs the same steps on the lines. The first call of a shape builds its plan (views on every
+line, the fingerprint); later calls of that shape allocate almost nothing.
 
-The group takes this path on facts all its ranks share (every member on this host, the call's shape,
-the settings), and the path is part of the fingerprint that ranks compare, so ranks that called
-differently are told apart even when one of them took the other path.
+Rounds are numbered over every call that takes the lines, in issue order (the group runs calls
+strictly in that order): a call of ``numbers`` rounds takes the next ``numbers`` line numbers.
 """
 
 from __future__ import annotations
@@ -25,22 +24,23 @@ import numpy as np
 
 from .. import collectives, wire
 from ..dtypes import code_of
-from .schedules import Call, reworded
+from .call import Call, reworded
 from ..ops import ReduceOp, kernel
 
-LABEL = "lines"  # the algorithm name errors and progress reports give this path
 SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": False, "barrier": False}
 
 
 class Plan:
     """One call shape on the lines, in one round: what each rank writes, what it reads, and how it is checked."""
 
-    __slots__ = ("lines", "call", "fingerprint", "header", "views", "rank", "root", "sends", "finish", "ufunc")
+    __slots__ = ("engine", "lines", "call", "fingerprint", "header", "views", "rank", "root", "sends", "finish",
+                 "ufunc")
     numbers = 1  # line numbers a run takes
 
-    def __init__(self, lines, call: Call):
-        self.lines = lines
-        self.call = call  # the call as every rank must agree on it; ``seq`` is that of each run
+    def __init__(self, engine: "LinesEngine", call: Call):
+        self.engine = engine
+        self.lines = lines = engine.lines
+        self.call = call
         self.rank, self.root = lines.rank, call.root
         self.header, self.fingerprint = _described(call)
         self.views = lines.views(call.dtype, call.count if call.collective != "barrier" else 0)
@@ -48,14 +48,10 @@ class Plan:
         self.finish = getattr(self, "_" + call.collective)
         self.ufunc = kernel(call.op)
 
-    def run(self, buffers: dict[str, np.ndarray], number: int, seq: int, timeout: float, idle=None,
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
             idle_every: float = 1.0) -> None:
-        """Run call ``number`` on the lines (group sequence number ``seq``) on ``buffers`` within
-        ``timeout`` seconds, calling ``idle()`` every ``idle_every`` seconds without progress.
-
-        Raises the lines' errors re-worded to name the collective, and :class:`Interrupted` for any
-        other exception (see :mod:`.executor`).
-        """
+        """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
+        number = self.engine.take(1)
         views = self.views[number & 1]
         try:
             if self.sends:
@@ -64,7 +60,7 @@ class Plan:
             self.lines.wait(number, seq, self.fingerprint, time.monotonic() + timeout, idle, idle_every)
             self.finish(views, buffers)
         except BaseException as exc:
-            raise reworded(exc, f"{self.call.collective} #{seq} ({LABEL})", timeout) from exc
+            raise reworded(exc, f"{self.call.collective} #{seq} ({self.call.algorithm})", timeout) from exc
 
     def _all_reduce(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         """The left fold over ranks in rank order, into ``data``."""
@@ -102,10 +98,11 @@ class ChunkedPlan:
     rule for reuse (see :mod:`.transport.shm.lines`) holds unchanged.
     """
 
-    __slots__ = ("lines", "call", "fingerprint", "header", "numbers", "ufunc", "_rounds")
+    __slots__ = ("engine", "lines", "call", "fingerprint", "header", "numbers", "ufunc", "_rounds")
 
-    def __init__(self, lines, call: Call):
-        self.lines = lines
+    def __init__(self, engine: "LinesEngine", call: Call):
+        self.engine = engine
+        self.lines = lines = engine.lines
         self.call = call
         self.header, self.fingerprint = _described(call)
         self.ufunc = kernel(call.op)
@@ -117,9 +114,10 @@ class ChunkedPlan:
         self._rounds = lines.keep([[_Chunk(views[parity], views[1 - parity], lines.rank, low, high, keeps)
                                      for low, high in bounds] for parity in (0, 1)])
 
-    def run(self, buffers: dict[str, np.ndarray], number: int, seq: int, timeout: float, idle=None,
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
             idle_every: float = 1.0) -> None:
-        """As :meth:`Plan.run`, for the line numbers from ``number`` on."""
+        """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
+        number = self.engine.take(self.numbers)
         lines, fingerprint, header, ufunc = self.lines, self.fingerprint, self.header, self.ufunc
         data = buffers["data"]
         deadline = time.monotonic() + timeout
@@ -146,7 +144,7 @@ class ChunkedPlan:
             for chunk in self._rounds[number & 1]:
                 chunk.terms[chunk.rank] = None  # nor of the caller's array, whichever chunk it failed in
             chunk = terms = into = folded = line = None  # a traceback kept by the group holds no view of the lines
-            raise reworded(exc, f"{self.call.collective} #{seq} ({LABEL})", timeout) from exc
+            raise reworded(exc, f"{self.call.collective} #{seq} ({self.call.algorithm})", timeout) from exc
 
 
 class _Chunk:
@@ -179,16 +177,22 @@ def _described(call: Call) -> tuple[bytes, int]:
     return header, int.from_bytes(hashlib.blake2b(header, digest_size=8).digest(), "little") >> 1
 
 
-def plan(lines, collective: str, count: int, dtype: np.dtype, op: ReduceOp, root: int) -> Plan | ChunkedPlan | None:
-    """The plan for a call of this shape on ``lines``, or ``None`` where it does not take them (a
-    collective the lines do not serve, or more than they take). Up to ``line_max`` bytes per rank a
-    call takes one round; an all-reduce or reduce of up to ``chunked_max`` bytes takes them in chunks.
-    Deterministic mode changes nothing here: the lines always fold in rank order."""
-    nbytes = count * dtype.itemsize
-    terms = f"line_max={lines.at_once},chunked_max={lines.chunked_max},line_chunk={lines.capacity}"
-    call = Call(collective, 0, LABEL, dtype, op, count, root, wire.algorithm_digest(LABEL, terms))
-    if collective in SENDS and lines.at_once and nbytes <= lines.at_once:
-        return Plan(lines, call)
-    if collective in ("all_reduce", "reduce") and nbytes <= lines.chunked_max and dtype.itemsize <= lines.capacity:
-        return ChunkedPlan(lines, call)
-    return None
+class LinesEngine:
+    """Plans calls on one group's ``lines`` and numbers their rounds (see the module docstring)."""
+
+    def __init__(self, lines):
+        self.lines = lines
+        self._numbered = 0  # line numbers taken so far
+
+    def plan(self, entry, call: Call, options: dict) -> Plan | ChunkedPlan:
+        """``call`` as a ready plan of ``entry`` (``lines`` or ``chunked_lines``); the chunk is a line."""
+        return (ChunkedPlan if entry.name == "chunked_lines" else Plan)(self, call)
+
+    def take(self, numbers: int) -> int:
+        """The first of the next ``numbers`` line numbers, taken by the call that runs now."""
+        first = self._numbered + 1
+        self._numbered += numbers
+        return first
+
+    def close(self) -> None:
+        """Nothing to drop here: the lines empty every view they handed out when the transport closes."""

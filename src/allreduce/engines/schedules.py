@@ -1,9 +1,14 @@
-"""Runs one rank's schedule over a transport.
+"""The schedule engine: runs one rank's schedule of a registered algorithm over any transport.
 
 Each step becomes one ``exchange``: its copies first, then all its sends and receives at once. A
 receive that reduces lands in a staging buffer and is combined into its destination in blocks as it
 arrives, so reduction overlaps the rest of the transfer (the pipelining inside a step). Staging and
-scratch memory is kept between calls: a steady stream of collectives allocates nothing.
+scratch memory is kept between calls: a steady stream of collectives allocates nothing. A call
+shape's schedule and its steps are worked out once, when it is planned.
+
+The root of a broadcast or scatter receives nothing, so a root that disagreed with the others would
+return as if all were well: its schedule therefore ends with one empty frame from the next rank,
+whose header the root checks (see :func:`_confirmed`).
 
 An exception of the caller's that escapes mid-schedule (``KeyboardInterrupt``, a signal handler's) leaves
 the peers mid-step and frames half sent; it is raised as :class:`~.errors.Interrupted` (its cause the
@@ -12,72 +17,54 @@ original), so that the group breaks and tells the peers, as after a communicatio
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from .. import collectives, wire
-from ..algorithms.schedule import Copy, Recv, Schedule, Send
-from ..dtypes import code_of
-from ..errors import AllreduceError, CommTimeout, Interrupted
-from ..ops import ReduceOp, kernel
+from .. import algorithms, collectives
+from ..algorithms.schedule import Copy, Recv, Region, Schedule, Send
+from ..ops import kernel
 from ..transport import RecvSpec, SendSpec, Transport
+from .call import Call, reworded
 
 _REDUCE_BLOCK = 1 << 16  # bytes reduced at a time while a segment is still arriving
 
 
-@dataclass(frozen=True)
-class Call:
-    """One collective call as every rank must agree on it (its fingerprint) plus how it runs."""
-
-    collective: str  # a name in allreduce.collectives
-    seq: int  # per-group sequence number (per-peer counter for send/recv)
-    algorithm: str
-    dtype: np.dtype
-    op: ReduceOp
-    count: int  # the collective's count, as the schedule function received it
-    root: int = 0  # root rank, or the tag of a send/recv
-    digest: int = 0  # wire.algorithm_digest of the algorithm and options: ranks whose schedules differ disagree here
-
-    def headers(self):
-        """A function ``(step, nbytes) -> Header`` for this call's frames."""
-        kind, collective = wire.DATA, collectives.get(self.collective).code
-        dtype, op, root, count, make = code_of(self.dtype), int(self.op), self.root, self.count, wire.Header
-        seq, digest = self.seq % wire.SEQ_MODULUS, self.digest
-
-        def header(step: int, nbytes: int) -> wire.Header:
-            return make(kind, collective, dtype, op, root, step, seq, count, nbytes, digest)
-
-        return header
-
-
-class Executor:
-    """Executes schedules for one rank of one group over ``transport``."""
+class ScheduleEngine:
+    """Plans and runs schedules for one rank of one group over ``transport``."""
 
     def __init__(self, transport: Transport):
         self.transport = transport
         self._scratch = np.empty(0, np.uint8)
         self._staging: list[np.ndarray] = []
 
-    def run(self, schedule: Schedule, buffers: dict[str, np.ndarray], call: Call, timeout: float,
-            idle=None, idle_every: float = 1.0) -> None:
-        """Run ``schedule`` on the flat arrays in ``buffers`` (``data``, ``out``); ``tmp`` is provided here.
+    def plan(self, entry: algorithms.Algorithm, call: Call, options: dict) -> "Scheduled":
+        """``call`` as ``entry``'s schedule for this rank, its steps worked out (see :func:`_steps`)."""
+        rank, size = self.transport.rank, self.transport.size
+        if collectives.get(call.collective).root_sends_only and size > 1:
+            schedule = _confirmed(entry, rank, size, call.count, call.root, **options)
+        else:
+            schedule = entry(rank, size, call.count, root=call.root, **options)
+        return Scheduled(self, call, schedule)
 
-        The whole schedule must finish within ``timeout`` seconds. Raises the transport's errors
-        re-worded to name the collective and the step, and :class:`Interrupted` for any other exception
-        (see the module docstring). ``idle`` is handed to the transport.
-        """
+    def close(self) -> None:
+        """Nothing to drop: schedules hold no view of the transport."""
+
+    def execute(self, planned: "Scheduled", buffers: dict[str, np.ndarray], seq: int, timeout: float,
+                idle=None, idle_every: float = 1.0) -> None:
+        """Run ``planned`` as call ``seq`` on the flat arrays in ``buffers`` (``data``, ``out``); ``tmp`` is
+        provided here. See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
+        call, schedule = planned.call, planned.schedule
         deadline = time.monotonic() + timeout
         arrays = dict(buffers, tmp=self._scratch_for(schedule.tmp, call.dtype))
         raw = {name: memoryview(a.view(np.uint8)) for name, a in arrays.items()}
         itemsize = call.dtype.itemsize
-        ufunc = kernel(call.op)
-        header = call.headers()
-        steps = _plan(schedule)
+        ufunc = planned.ufunc
+        header = call.headers(seq)
         index = 0
         try:
-            for index, copies, sends, recvs in steps:
+            for index, copies, sends, recvs in planned.steps:
                 for src, dst, acc in copies:
                     if acc is None:
                         np.copyto(arrays[dst.buf][dst.start:dst.stop], arrays[src.buf][src.start:src.stop])
@@ -104,7 +91,7 @@ class Executor:
                 for reducer in deferred:
                     reducer.progress(reducer.dest.nbytes)
         except BaseException as exc:
-            where = f"{call.collective} #{call.seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
+            where = f"{call.collective} #{seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
             raise reworded(exc, where, timeout) from exc
 
     def _scratch_for(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -149,19 +136,28 @@ class _Reducer:
         self.done = b
 
 
-_PLANS: dict[int, tuple] = {}
+class Scheduled:
+    """A call shape planned on the schedule engine: its schedule, its steps and its reduce kernel."""
+
+    __slots__ = ("engine", "call", "schedule", "steps", "ufunc")
+
+    def __init__(self, engine: ScheduleEngine, call: Call, schedule: Schedule):
+        self.engine, self.call, self.schedule = engine, call, schedule
+        self.steps = _steps(schedule)
+        self.ufunc = kernel(call.op)
+
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
+        """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
+        self.engine.execute(self, buffers, seq, timeout, idle, idle_every)
 
 
-def _plan(schedule: Schedule) -> tuple:
-    """The schedule's non-empty steps as ``(index, copies, sends, receives)`` tuples, worked out once.
+def _steps(schedule: Schedule) -> tuple:
+    """The schedule's non-empty steps as ``(index, copies, sends, receives)`` tuples, worked out once per planned call.
 
     A receive is ``(peer, dst, reduce, later)``: ``later`` marks a second reduce into a region another
     receive of the step reduces into; it is combined after the exchange, so the order of combination
     is the schedule's, not the network's, and every run gives the same bits.
     """
-    cached = _PLANS.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
     steps = []
     for index, step in enumerate(schedule.steps):
         if not step:
@@ -176,20 +172,22 @@ def _plan(schedule: Schedule) -> tuple:
                     reducing.append(op.dst)
                 recvs.append((op.peer, op.dst, op.reduce, later))
         steps.append((index, copies, sends, tuple(recvs)))
-    if len(_PLANS) > 4096:
-        _PLANS.clear()
-    _PLANS[id(schedule)] = (schedule, tuple(steps))
-    return _PLANS[id(schedule)][1]
+    return tuple(steps)
 
 
-def reworded(exc: BaseException, where: str, timeout: float) -> AllreduceError:
-    """The error a collective raises when ``exc`` escapes it at ``where``: :class:`Interrupted` for the
-    caller's own exception (see the module docstring), else the same kind of error with the collective
-    and step in front of the transport's words."""
-    if not isinstance(exc, AllreduceError):
-        return Interrupted(f"{where} was interrupted by {type(exc).__name__}")
-    if isinstance(exc, CommTimeout):
-        where += f" timed out after {timeout:g}s"
-    new = type(exc)(f"{where} {exc}" if isinstance(exc, CommTimeout) else f"{where}: {exc}")
-    new.peer = getattr(exc, "peer", None)
-    return new
+@functools.lru_cache(maxsize=1024)
+def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, root: int, **options) -> Schedule:
+    """The algorithm's schedule plus a last step: an empty frame from the rank after ``root`` to ``root``.
+
+    Its header carries the sender's fingerprint, so a root whose src, collective, count or dtype
+    differs from the others' hears of it in this collective instead of never.
+    """
+    schedule = entry(rank, size, count, root=root, **options)
+    nothing = Region("tmp", 0, 0)
+    if rank == root:
+        last = (Recv((root + 1) % size, nothing),)
+    elif rank == (root + 1) % size:
+        last = (Send(root, nothing),)
+    else:
+        return schedule
+    return Schedule(schedule.steps + (last,), schedule.tmp)

@@ -1,6 +1,6 @@
 """The runtime: a process group and what runs its calls in order (see :mod:`.group`)."""
 
-from .group import ProcessGroup, finish_reduction
+from .group import ProcessGroup
 from .request import Request
 
-__all__ = ["ProcessGroup", "Request", "finish_reduction"]
+__all__ = ["ProcessGroup", "Request"]

@@ -1,0 +1,132 @@
+"""A group's health: the heartbeat that says which call this rank has reached, and the reports of failure.
+
+A small heartbeat thread publishes which collective this rank has reached (``progress/{rank}`` in the
+store), so that a rank stuck in a call can spot a peer that called something else (:meth:`Health.inspect`)
+and a rank that times out can say which ranks never arrived (the stall report). Every error a call
+raises is worded here: the stall report after a timeout, the peer's own reason (``failed/{rank}``)
+after it gave up. Store calls on these paths are bounded: a frozen store host must hold neither a
+collective nor teardown.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .. import collectives, wire
+from ..engines import Call
+from ..errors import AllreduceError, CommTimeout, Mismatch, PeerLost
+
+STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
+
+
+def describe(call: Call) -> str:
+    """A collective as every rank must agree on it, e.g. ``all_reduce(count=10, float32, SUM, ring)``."""
+    facts = collectives.get(call.collective)
+    op = f", {call.op.name}" if facts.reduces else ""
+    root = f", root={call.root}" if facts.rooted else ""
+    return f"{call.collective}(count={call.count}, {call.dtype}{op}{root}, {wire.algorithm_label(call.digest)})"
+
+
+class Health:
+    """The heartbeat and failure reports of one rank of a group, through ``store``."""
+
+    def __init__(self, store, rank: int, size: int, interval: float, stopping: threading.Event, name: str):
+        self.store = store
+        self.rank, self.size = rank, size
+        self.interval = interval  # heartbeat period, and quiet time before inspecting peers
+        self.started: tuple[int, Call] | None = None  # (seq, call) of the last collective this rank began
+        self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
+        self._stopping = stopping
+        self.thread = threading.Thread(target=self._beat, name=f"allreduce-{name}-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        published = None
+        while not self._stopping.wait(self.interval):
+            started = self.started
+            if started is not None and started is not published:
+                try:  # bounded: a frozen store host must hold neither this thread nor close()
+                    record = f"{started[0]}|{describe(started[1])}".encode()
+                    self.store.within(STORE_GRACE).set(f"progress/{self.rank}", record)
+                    published = started
+                except CommTimeout:  # a slow or frozen store host: try again at the next beat
+                    continue
+                except Exception:  # the store may be gone at shutdown; the report is best effort
+                    return
+
+    def _peer_states(self, store) -> dict[int, tuple[int, str] | None]:
+        """(sequence number, description) of the last collective each peer published, read through ``store``."""
+        states: dict[int, tuple[int, str] | None] = {}
+        for rank in range(self.size):
+            key = f"progress/{rank}"
+            if rank == self.rank:
+                continue
+            if not store.check([key]):
+                states[rank] = None
+                continue
+            seq, _, what = store.get(key).decode().partition("|")
+            states[rank] = int(seq), what
+        return states
+
+    def inspect(self) -> None:
+        """While stuck in the collective begun last: raise :class:`Mismatch` if a peer is in a different
+        collective #seq. What it saw is kept for the stall report, should the store be gone by the deadline."""
+        seq, call = self.started
+        try:
+            states = self._peer_states(self.store.within(self.interval))  # late by an interval at most
+        except Exception:  # no store, no verdict: the collective still ends at its deadline
+            return
+        self._seen = (seq, states)
+        ours = describe(call)
+        for rank, state in states.items():
+            if state is not None and state[0] == seq and state[1] != ours:
+                raise Mismatch(f"rank {rank} called a different collective or arguments: {state[1]} #{seq}, while "
+                               f"this rank called {ours} #{seq}")
+
+    def worded(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
+        """The error the user sees for ``exc`` in call ``seq``: this rank, then what the peers say.
+
+        Its kind is the one the peers are told: a peer of a rank that found a mismatch raises
+        :class:`Mismatch` too, since it made the mismatched call.
+        """
+        text = f"rank {self.rank}/{self.size}: {exc}"
+        store = self.store.within(STORE_GRACE)  # the whole report, even with the store's host frozen
+        if isinstance(exc, CommTimeout):
+            text += self._stall_report(seq, call.collective, store)
+        elif isinstance(exc, PeerLost) and " aborted: " not in text:
+            text += self._peer_failure(getattr(exc, "peer", None), store)
+        kind = Mismatch if isinstance(exc, PeerLost) and ": Mismatch: rank " in text else type(exc)
+        error = kind(text)
+        error.peer = getattr(exc, "peer", None)
+        return error
+
+    def report(self, message: str) -> None:
+        """Tell the peers through the store why this rank gave up (best effort: the store may be gone)."""
+        try:
+            self.store.within(STORE_GRACE).set(f"failed/{self.rank}", message.encode()[:4096])
+        except Exception:  # the ABORT frames still carry the reason
+            pass
+
+    def _peer_failure(self, peer: int | None, store) -> str:
+        """Why ``peer`` gave up, if it said so in the store: a closed link alone cannot tell."""
+        try:
+            if peer is None or not store.check([f"failed/{peer}"]):
+                return ""
+            return f"; rank {peer} had failed: " + store.get(f"failed/{peer}").decode(errors="replace")
+        except Exception:  # no store, no reason
+            return ""
+
+    def _stall_report(self, seq: int, collective: str, store) -> str:
+        """Which ranks have not reached collective #``seq``, from their heartbeats in ``store``."""
+        try:
+            states = self._peer_states(store)
+        except Exception:  # the store is gone (its host may have failed first): the last inspection's view
+            states = self._seen[1] if self._seen[0] == seq else {}
+        behind = []
+        for rank, state in states.items():
+            if state is None:
+                behind.append(f"{rank} (no collective yet)")
+            elif state[0] < seq:
+                behind.append(f"{rank} (last at {state[1]} #{state[0]})")
+        if not behind:
+            return ""
+        return f"; ranks that have not reached {collective} #{seq}: " + ", ".join(behind)

@@ -1,0 +1,66 @@
+"""A group's life as a state machine: open, broken by a failure, closing, closed.
+
+Any communication error breaks a group for good, as in NCCL: every later call raises
+:class:`GroupBroken` naming the first failure. Destroying a group lets queued work finish (a failure
+met meanwhile is still recorded, so the calls queued behind it fail too), stops its threads, then
+closes its links; after that every call raises. The transitions below are the only ones there are;
+the group's lock guards them.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+
+from ..errors import AllreduceError, GroupBroken
+
+
+class State(enum.Enum):
+    OPEN = "open"  # calls run
+    BROKEN = "broken"  # a call failed: later calls raise GroupBroken naming the failure
+    CLOSING = "closing"  # destroy began: queued calls finish, the threads stop
+    CLOSED = "closed"  # links closed: every call raises GroupBroken
+
+
+ALLOWED = {
+    State.OPEN: {State.BROKEN, State.CLOSING},
+    State.BROKEN: {State.CLOSING},
+    State.CLOSING: {State.CLOSED},
+    State.CLOSED: set(),
+}
+
+
+class Life:
+    """One group's state, its failure (if any), and an event set once it stops (for its threads to wait on)."""
+
+    def __init__(self, rank: int, size: int, name: str):
+        self.state = State.OPEN
+        self.failure: AllreduceError | None = None  # the error that broke the group
+        self.stopping = threading.Event()  # set on leaving OPEN/BROKEN for CLOSING
+        self._who = f"rank {rank}/{size}: process group '{name}'"
+
+    def move(self, to: State) -> None:
+        """Take the transition to ``to``; ``RuntimeError`` for one the table does not allow."""
+        if to not in ALLOWED[self.state]:
+            raise RuntimeError(f"{self._who} cannot go from {self.state.value} to {to.value}")
+        self.state = to
+        if to is State.CLOSING:
+            self.stopping.set()
+
+    def fail(self, error: AllreduceError) -> None:
+        """Record ``error`` as the failure; an open group is broken by it."""
+        self.failure = error
+        if self.state is State.OPEN:
+            self.move(State.BROKEN)
+
+    def check(self) -> None:
+        """Raise :class:`GroupBroken` if a call cannot be issued now (destroyed, or broken)."""
+        if self.state is State.CLOSED:
+            raise GroupBroken(f"{self._who} was destroyed")
+        if self.failure is not None:
+            raise self.broken()
+
+    def broken(self) -> GroupBroken:
+        """The error every call after the failure raises."""
+        return GroupBroken(f"{self._who} is unusable after an earlier failure; destroy it and form a new one. "
+                           f"The failure was: {self.failure}")
