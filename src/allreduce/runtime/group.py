@@ -171,10 +171,9 @@ class ProcessGroup:
     def _fail(self, exc: AllreduceError, seq: int, call) -> AllreduceError:
         """Word the error for the user, break the group and tell the peers why (the store first, so that a
         peer that sees the links close can read why)."""
-        error = self._health.worded(exc, seq, call)
+        error = self._health.failed(exc, seq, call)
         self._life.fail(error)
         message = f"{type(error).__name__}: {error}"
-        self._health.report(message)
         self.transport.abort(message)
         if self.p2p is not None:
             self.p2p.abort(message)

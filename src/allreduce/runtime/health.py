@@ -82,8 +82,9 @@ class Health:
                 raise Mismatch(f"rank {rank} called a different collective or arguments: {state[1]} #{seq}, while "
                                f"this rank called {ours} #{seq}")
 
-    def worded(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
-        """The error the user sees for ``exc`` in call ``seq``: this rank, then what the peers say.
+    def failed(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
+        """The error the user sees for ``exc`` in call ``seq`` (this rank, then what the peers say), once
+        told to the peers through the store; both within one :data:`STORE_GRACE`.
 
         Its kind is the one the peers are told: a peer of a rank that found a mismatch raises
         :class:`Mismatch` too, since it made the mismatched call.
@@ -97,13 +98,15 @@ class Health:
         kind = Mismatch if isinstance(exc, PeerLost) and ": Mismatch: rank " in text else type(exc)
         error = kind(text)
         error.peer = getattr(exc, "peer", None)
+        self.report(f"{kind.__name__}: {text}", store)
         return error
 
-    def report(self, message: str) -> None:
-        """Tell the peers through the store why this rank gave up (best effort: the store may be gone)."""
+    def report(self, message: str, store=None) -> None:
+        """Tell the peers through ``store`` (default: the group's, bounded) why this rank gave up (best
+        effort: the store may be gone, and the ABORT frames still carry the reason)."""
         try:
-            self.store.within(STORE_GRACE).set(f"failed/{self.rank}", message.encode()[:4096])
-        except Exception:  # the ABORT frames still carry the reason
+            (store or self.store.within(STORE_GRACE)).set(f"failed/{self.rank}", message.encode()[:4096])
+        except Exception:
             pass
 
     def _peer_failure(self, peer: int | None, store) -> str:
