@@ -55,6 +55,7 @@ from .settings import Settings
 from .ops import ReduceOp, finish as finish_op
 from .topology import Topology, from_host_ids
 from .transport import Transport
+from .transport.shm import ShmOptions
 from .work import Work
 
 _log = logs.get("planner")
@@ -69,7 +70,8 @@ class ProcessGroup:
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
-                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None):
+                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None,
+                 shm_options: ShmOptions | None = None):
         self.store = store
         self.rank = rank
         self.size = size
@@ -79,6 +81,7 @@ class ProcessGroup:
         self.topology = topology or from_host_ids(rank, [""] * size)  # which ranks share a host
         self.intra = intra  # the transport between ranks of one host: "tcp" or "shm"
         self.settings = settings or Settings()  # what the environment asked for when the group formed
+        self.shm_options = shm_options  # likewise, for the shared-memory transport (None: its defaults)
         hosts = self.topology.hosts
         self._prepared = _prepare({"hosts": hosts})  # registry entry -> (options the group supplies, digest)
         self._hierarchical = len(hosts) > 1 and self.topology.uniform and len(hosts[0]) > 1

@@ -13,7 +13,6 @@ import weakref
 
 from allreduce import bootstrap
 from allreduce.group import ProcessGroup
-from allreduce.transport.shm import ShmOptions
 
 _FORMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> twins formed of it so far
 
@@ -31,4 +30,4 @@ def twin(group: ProcessGroup, purpose: str) -> ProcessGroup:
     _FORMED[group] = count = _FORMED.get(group, 0) + 1
     name = f"{group.name}.{purpose}{count}"
     return bootstrap.form_group(group.store.prefix(name), group.rank, group.size, group.timeout, name, group.ranks,
-                                group.settings, ShmOptions.from_env())
+                                group.settings, group.shm_options)
