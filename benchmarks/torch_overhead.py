@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--layers", action="store_true", help="time the layers of one call instead (one process)")
     args = parser.parse_args()
     import allreduce.torch  # noqa: F401  (registers the backend and builds its shim before the forks)
-    from allreduce.torch import native
+    from allreduce.torch.c10d import native
 
     native.python_backend()
     if args.layers:

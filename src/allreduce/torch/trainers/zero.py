@@ -25,8 +25,8 @@ import torch
 from allreduce import api
 from allreduce.ops import ReduceOp
 
-from .groups import resolve
-from .tensors import Staged
+from ..c10d.groups import resolve
+from ..common.tensors import Staged
 
 STAGES = (1, 2)
 

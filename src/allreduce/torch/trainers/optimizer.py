@@ -34,13 +34,13 @@ import torch
 from allreduce import api
 from allreduce.ops import ReduceOp
 
+from ..c10d.groups import resolve
+from ..common.compression import Compression, Compressor
+from ..common.reduction import REDUCTIONS, reduce_flat
+from ..horovod import joining, process_sets
+from ..horovod.adasum import ADASUM
+from ..horovod.adasum import reduce as adasum_reduce
 from . import buckets as _buckets
-from . import joining, process_sets
-from .adasum import ADASUM
-from .adasum import reduce as adasum_reduce
-from .compression import Compression, Compressor
-from .groups import resolve
-from .reduction import REDUCTIONS, reduce_flat
 from .twins import twin
 
 DEFAULT_FUSION_MB = 25.0  # bucket size; gradients of a model smaller than this travel as one message

@@ -16,8 +16,8 @@ import torch
 
 from allreduce import api
 
-from .groups import resolve
-from .tensors import Staged
+from ..c10d.groups import resolve
+from ..common.tensors import Staged
 
 
 def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
