@@ -1,6 +1,6 @@
 """Deep-learning integration: torch tensors, data-parallel optimizers and a torch.distributed backend.
 
-- :class:`DistributedOptimizer` wraps any torch optimizer and averages gradients across ranks during
+- :func:`DistributedOptimizer` wraps any torch optimizer and averages gradients across ranks during
   backward (fused into buckets, optionally compressed to fp16/bf16 on the wire with float32 sums);
   :func:`broadcast_parameters` and :func:`broadcast_optimizer_state` start every rank alike;
   :class:`DynamicLossScaler` keeps fp16 gradients in range.
