@@ -5,6 +5,8 @@ try:
 except ImportError:  # the optional extra is absent: the torch tests skip themselves
     pass
 else:
+    import os
+
     from allreduce.torch.c10d import native
 
-    native.python_backend()
+    native.python_backend(os.environ)

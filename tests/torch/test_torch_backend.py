@@ -6,6 +6,7 @@ import concurrent.futures
 import datetime
 import functools
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from allreduce.torch.c10d.work import TorchWork
 def test_the_installed_torch_still_has_the_private_hooks_the_backend_uses():
     """Fails (not skips) when a torch upgrade removes or renames what the backend relies on."""
     assert private.missing() == [], f"torch {torch.__version__} lacks what the allreduce backend uses"
-    assert issubclass(native.python_backend(), importlib.import_module("torch._C._distributed_c10d").Backend)
+    assert issubclass(native.python_backend(os.environ), importlib.import_module("torch._C._distributed_c10d").Backend)
     assert "allreduce" in dist.Backend.backend_list
 
 

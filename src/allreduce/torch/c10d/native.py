@@ -6,43 +6,61 @@ method to a Python object (its ``impl``). It is built just in time by ``torch.ut
 compiler and ninja, about half a minute once; ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``
 keeps it), named after the torch version so an upgraded torch gets its own build. Everything else
 loads it through :func:`python_backend`, once per process (forked ranks inherit it).
+
+torch runs ``ninja`` from PATH. The ninja wheel puts it beside this interpreter's scripts, which a
+virtual environment used without activating it (``.venv/bin/python``) leaves off PATH; then the build
+runs in a child process whose PATH has it, and this process loads what the child built, so that the
+user's environment is never changed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import sysconfig
 import threading
+from collections.abc import Mapping
 
 import torch
 
 SOURCE = pathlib.Path(__file__).with_name("shim.cpp")
+FLAGS = ["-O2"]  # torch builds unoptimized otherwise
+# what the child runs: build (or find built) and say where the module is
+_BUILD = ("import sys; from torch.utils import cpp_extension; "
+          "print(cpp_extension.load(sys.argv[1], [sys.argv[2]], extra_cflags=sys.argv[3:]).__file__)")
 _loaded: dict[str, type] = {}
 _lock = threading.Lock()
 
 
-def python_backend() -> type:
+def python_backend(environ: Mapping[str, str]) -> type:
     """``PythonBackend(rank, size, name, impl)``: a C++ ``c10d::Backend`` whose methods call ``impl``'s.
+
+    ``environ`` is the process's environment, read by the caller (the entry point); its PATH says
+    whether torch will find ninja.
 
     Raises:
         RuntimeError: the shim could not be built (no C++ compiler or ninja); the message says what to install.
     """
     with _lock:
         if "PythonBackend" not in _loaded:
-            _loaded["PythonBackend"] = _build().PythonBackend
+            _loaded["PythonBackend"] = _build(environ).PythonBackend
         return _loaded["PythonBackend"]
 
 
-def _build():
+def _build(environ: Mapping[str, str]):
     from torch.utils import cpp_extension
 
-    _find_ninja()
     name = "allreduce_shim_" + re.sub(r"\W", "_", torch.__version__)
+    path, scripts = environ.get("PATH", ""), sysconfig.get_path("scripts")
     try:
-        return cpp_extension.load(name, [str(SOURCE)], extra_cflags=["-O2"])  # torch builds unoptimized otherwise
+        if shutil.which("ninja", path=path) is None and shutil.which("ninja", path=scripts):
+            return _build_aside(name, {**environ, "PATH": scripts + os.pathsep + path})
+        return cpp_extension.load(name, [str(SOURCE)], extra_cflags=FLAGS)
     except Exception as exc:  # a missing compiler or ninja shows up as several exception types
         raise RuntimeError(
             f"the torch backend 'allreduce' compiles {SOURCE.name} against torch {torch.__version__} on first "
@@ -50,9 +68,13 @@ def _build():
             "(pip install 'allreduce[torch]' installs ninja)") from exc
 
 
-def _find_ninja() -> None:
-    """torch runs ``ninja`` from PATH; the ninja wheel puts it beside this interpreter's scripts, which
-    a virtual environment used without activating it (``.venv/bin/python``) leaves off PATH."""
-    scripts = sysconfig.get_path("scripts")
-    if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+def _build_aside(name: str, env: dict[str, str]):
+    """The shim built by a child process that runs with ``env``, loaded into this one."""
+    done = subprocess.run([sys.executable, "-c", _BUILD, name, str(SOURCE), *FLAGS], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
+    spec = importlib.util.spec_from_file_location(name, done.stdout.strip().splitlines()[-1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
