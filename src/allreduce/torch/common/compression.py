@@ -66,7 +66,7 @@ class ErrorFeedback(Compressor):
     """``inner`` plus a per-buffer residual: what rounding lost last time is added before compressing.
 
     Residuals are keyed by the memory the tensor lives in, so compress the same buffer every step
-    (as :class:`~allreduce.torch.DistributedOptimizer` does with its fusion buckets). One instance
+    (as :func:`~allreduce.torch.DistributedOptimizer` does with its fusion buckets). One instance
     belongs to one optimizer.
     """
 

@@ -1,7 +1,7 @@
 """Horovod's ``join``: ranks that ran out of data keep answering the reductions of those that did not.
 
 Every reduction of the Horovod layer on a *channel* (the global process set's group, and the gradient
-group of each :class:`DistributedOptimizer` built after ``hvd.init``) is preceded by an *agreement*:
+group of each :func:`DistributedOptimizer` built after ``hvd.init``) is preceded by an *agreement*:
 a SUM all-reduce of six int64s, ``[1, kind, count, dtype, op, wire dtype]``. Ranks still computing
 contribute their request; a rank inside :func:`join` contributes zeros. The sum tells a joined rank how
 many ranks are active and, divided by that, which reduction they run: it runs the same collectives

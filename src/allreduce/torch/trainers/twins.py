@@ -2,7 +2,7 @@
 
 A group serves one thread at a time (:mod:`allreduce.group`): collectives from two threads at once
 would pair up in different orders on different ranks. Work that communicates from a thread of its own,
-such as :class:`~allreduce.torch.DistributedOptimizer` reducing gradients while backward runs, forms
+such as :func:`~allreduce.torch.DistributedOptimizer` reducing gradients while backward runs, forms
 a twin of the caller's group *from that thread*. Every rank of the group forms the same twins in the
 same order (data-parallel code does so by construction): the n-th twin of a group is named after it.
 """

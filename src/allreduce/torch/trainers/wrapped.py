@@ -184,6 +184,8 @@ def _check_options(optimizer, compression, gradient_predivide_factor, fusion_thr
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
     if not fusion_threshold_mb >= 0:
         raise ValueError(f"fusion_threshold_mb must be >= 0, got {fusion_threshold_mb!r}")
+
+
 def _parent_group(process_set, group):
     """The group whose ranks reduce together, or ``None`` when this rank has nobody to reduce with
     (a group of one, or a process set it is not in: Horovod then steps locally)."""

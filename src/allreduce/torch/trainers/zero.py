@@ -15,7 +15,7 @@ elements. A step:
   straight into the flat buffer, that is, into every rank's parameters.
 
 Shards split tensors wherever ``1/n`` falls, so the balance is exact to one element. A parameter
-without a gradient counts as a zero gradient (as in :class:`DistributedOptimizer`).
+without a gradient counts as a zero gradient (as in :func:`DistributedOptimizer`).
 """
 
 from __future__ import annotations
