@@ -167,9 +167,9 @@ def main() -> None:
     parser.add_argument("--layers", action="store_true", help="time the layers of one call instead (one process)")
     args = parser.parse_args()
     import allreduce.torch  # noqa: F401  (registers the backend and builds its shim before the forks)
-    from allreduce.torch import native
+    from allreduce.torch.c10d import native
 
-    native.python_backend()
+    native.python_backend(os.environ)
     if args.layers:
         print(f"{'layer':>34} {'cpu us':>7}   (load {os.getloadavg()[0]:.2f}, world size 1, least of {args.rounds} "
               f"batches of {BATCH})")

@@ -57,7 +57,7 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
     except BaseException:
         transport.close()
         raise
-    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra, settings, engine)
+    return ProcessGroup(store, rank, size, transport, timeout, name, ranks, topo, intra, settings, engine, shm_options)
 
 
 def check_forced_algorithm(name: str) -> None:

@@ -5,6 +5,8 @@ try:
 except ImportError:  # the optional extra is absent: the torch tests skip themselves
     pass
 else:
-    from allreduce.torch import native
+    import os
 
-    native.python_backend()
+    from allreduce.torch.c10d import native
+
+    native.python_backend(os.environ)

@@ -1,6 +1,6 @@
 """Adasum (Maleki et al., MLSys 2021): its defining formula, its tree, and the op on 2, 3 and 4 ranks.
 
-The reference here is written independently of :mod:`allreduce.torch.adasum`, in numpy: the pairwise
+The reference here is written independently of :mod:`allreduce.torch.horovod.adasum`, in numpy: the pairwise
 formula ``(1 - a·b / 2‖a‖²) a + (1 - a·b / 2‖b‖²) b``, applied to neighbours of a list that halves
 until one vector is left (a power of two), after folding the ranks past the largest power of two into
 the first ones.
@@ -19,7 +19,7 @@ from support.hvd_harness import run_hvd
 from support.torch_harness import model
 
 import allreduce.torch as hvd
-from allreduce.torch import adasum
+from allreduce.torch.horovod import adasum
 
 
 def pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ import concurrent.futures
 import datetime
 import functools
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -20,21 +21,21 @@ from support.torch_harness import batches, max_difference, model, run_spawned, r
 
 import allreduce.torch as art
 from allreduce import CommTimeout, Mismatch, Work
-from allreduce.torch import hooks, native
-from allreduce.torch.torchstore import TorchStore
-from allreduce.torch.work import TorchWork
+from allreduce.torch.c10d import native, private
+from allreduce.torch.c10d.torchstore import TorchStore
+from allreduce.torch.c10d.work import TorchWork
 
 
 def test_the_installed_torch_still_has_the_private_hooks_the_backend_uses():
     """Fails (not skips) when a torch upgrade removes or renames what the backend relies on."""
-    assert hooks.missing() == [], f"torch {torch.__version__} lacks what the allreduce backend uses"
-    assert issubclass(native.python_backend(), importlib.import_module("torch._C._distributed_c10d").Backend)
+    assert private.missing() == [], f"torch {torch.__version__} lacks what the allreduce backend uses"
+    assert issubclass(native.python_backend(os.environ), importlib.import_module("torch._C._distributed_c10d").Backend)
     assert "allreduce" in dist.Backend.backend_list
 
 
 def test_a_missing_hook_is_named(monkeypatch):
-    monkeypatch.setitem(hooks.TORCH_HOOKS, "ProcessGroup", ["_get_backend", "_a_hook_torch_dropped"])
-    assert hooks.missing() == ["ProcessGroup._a_hook_torch_dropped"]
+    monkeypatch.setitem(private.TORCH_HOOKS, "ProcessGroup", ["_get_backend", "_a_hook_torch_dropped"])
+    assert private.missing() == ["ProcessGroup._a_hook_torch_dropped"]
 
 
 def test_works_complete_from_the_group_thread_and_carry_errors():

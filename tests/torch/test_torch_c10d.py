@@ -17,7 +17,7 @@ import torch.distributed as dist
 from support.torch_harness import run_torch_ranks
 
 from allreduce import CommTimeout
-from allreduce.torch.backend import ProcessGroupAllreduce
+from allreduce.torch.c10d.backend import ProcessGroupAllreduce
 
 SECOND = datetime.timedelta(seconds=1)
 

@@ -33,6 +33,7 @@ from ..algorithms.lines import LineLimits
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
 from ..transport import Transport
+from ..transport.shm import ShmOptions
 from ..work import Work
 from .choice import Choice
 from .claims import Claims
@@ -50,7 +51,8 @@ class ProcessGroup:
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
-                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None):
+                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None,
+                 shm_options: ShmOptions | None = None):
         self.store = store
         self.rank = rank
         self.size = size
@@ -60,6 +62,7 @@ class ProcessGroup:
         self.topology = topology or from_host_ids(rank, [""] * size)  # which ranks share a host
         self.intra = intra  # the transport between ranks of one host: "tcp" or "shm"
         self.settings = settings or Settings()  # what the environment asked for when the group formed
+        self.shm_options = shm_options  # likewise, for the shared-memory transport (None: its defaults)
         self.transport = transport
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None

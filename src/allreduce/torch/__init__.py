@@ -1,6 +1,6 @@
 """Deep-learning integration: torch tensors, data-parallel optimizers and a torch.distributed backend.
 
-- :class:`DistributedOptimizer` wraps any torch optimizer and averages gradients across ranks during
+- :func:`DistributedOptimizer` wraps any torch optimizer and averages gradients across ranks during
   backward (fused into buckets, optionally compressed to fp16/bf16 on the wire with float32 sums);
   :func:`broadcast_parameters` and :func:`broadcast_optimizer_state` start every rank alike;
   :class:`DynamicLossScaler` keeps fp16 gradients in range.
@@ -27,34 +27,34 @@ try:
 except ImportError as exc:
     raise ImportError("allreduce.torch needs PyTorch: pip install 'allreduce[torch]'") from exc
 
-from .backend import ProcessGroupAllreduce
-from .broadcast import broadcast_optimizer_state, broadcast_parameters
-from .compression import Compression, Compressor, ErrorFeedback
-from .handles import poll, synchronize
-from .horovod import (
+from .c10d.backend import ProcessGroupAllreduce
+from .c10d.plugin import register_backend
+from .common.compression import Compression, Compressor, ErrorFeedback
+from .common.reduction import reduce_flat
+from .common.tensors import Staged
+from .horovod.basics import (
     Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, ccl_built, cross_rank, cross_size, cuda_built,
     ddl_built, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
 )
-from .hvd_broadcast import (
+from .horovod.broadcasts import (
     barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object, join,
 )
-from .hvd_gather import (
+from .horovod.gathers import (
     allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
     grouped_allgather_async,
 )
-from .hvd_reduce import (
+from .horovod.handles import poll, synchronize
+from .horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .horovod.reductions import (
     allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
     reducescatter, reducescatter_async,
 )
-from .optimizer import DistributedOptimizer
-from .plugin import register_backend
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .reduction import reduce_flat
-from .scaler import DynamicLossScaler
-from .tensors import Staged
-from .zero import ZeroRedundancyOptimizer
+from .trainers.broadcast import broadcast_optimizer_state, broadcast_parameters
+from .trainers.optimizer import DistributedOptimizer
+from .trainers.scaler import DynamicLossScaler
+from .trainers.zero import ZeroRedundancyOptimizer
 
 register_backend()
 

@@ -13,9 +13,9 @@ from allreduce import api
 from allreduce.objects import broadcast_object_list
 
 from . import joining
+from .basics import Average, rank
 from .handles import Pending, register
-from .horovod import Average, rank
-from .hvd_reduce import allreduce, host_copy
+from .reductions import allreduce, host_copy
 from .process_sets import global_process_set, group_of, root_in
 
 

@@ -14,6 +14,7 @@ methods are those of a :class:`~.backend.ProcessGroupAllreduce` on that group.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch.distributed as dist
@@ -50,7 +51,7 @@ def autoload() -> None:
 
 def create(options, backend_options=None):
     """torch's creator hook: the backend of one torch group, on an allreduce group formed on its store."""
-    backend_class = native.python_backend()  # built before joining, so that a build failure strands nobody
+    backend_class = native.python_backend(os.environ)  # built before joining: a build failure strands nobody
     seconds = options.timeout.total_seconds()
     ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
     # torchrun's agent keeps one store for every attempt of the job: keys of its own for each one, so a

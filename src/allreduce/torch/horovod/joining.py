@@ -1,7 +1,7 @@
 """Horovod's ``join``: ranks that ran out of data keep answering the reductions of those that did not.
 
 Every reduction of the Horovod layer on a *channel* (the global process set's group, and the gradient
-group of each :class:`DistributedOptimizer` built after ``hvd.init``) is preceded by an *agreement*:
+group of each :func:`DistributedOptimizer` built after ``hvd.init``) is preceded by an *agreement*:
 a SUM all-reduce of six int64s, ``[1, kind, count, dtype, op, wire dtype]``. Ranks still computing
 contribute their request; a rank inside :func:`join` contributes zeros. The sum tells a joined rank how
 many ranks are active and, divided by that, which reduction they run: it runs the same collectives
@@ -26,12 +26,11 @@ from allreduce import api
 from allreduce.errors import Mismatch
 from allreduce.ops import ReduceOp
 
-from . import adasum, reduction
-from .compression import Cast, Compression
+from ..common import dtypes, reduction
+from ..common.compression import Cast, Compression
+from . import adasum
 
 REDUCE, ADASUM = 1, 2  # the kinds of reduction: reduction.start, adasum.start
-DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64, torch.complex64, torch.complex128)  # code = position + 1
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Request:
 
     def header(self, active: int = 1) -> torch.Tensor:
         """The agreement's sum when ``active`` ranks make this request (1: this rank's share)."""
-        codes = [self.kind, self.count, DTYPES.index(self.dtype) + 1, int(self.op), DTYPES.index(self.wire) + 1]
+        codes = [self.kind, self.count, dtypes.code_of(self.dtype), int(self.op), dtypes.code_of(self.wire)]
         return torch.tensor([active] + [active * c for c in codes], dtype=torch.int64)
 
 
@@ -140,12 +139,12 @@ def _serve(channel: Channel) -> None:
         if active == 0:
             return
         codes = (total[1:] // active).tolist()
-        known = all(0 < c <= len(DTYPES) for c in codes[2::2])
+        known = all(dtypes.known(c) for c in codes[2::2])
         if not known or not torch.equal(total[1:], total[1:] // active * active):
             raise Mismatch(f"rank {g.rank}/{g.size} (joined): the {active} active ranks of group '{g.name}' asked "
                            f"for different reductions; their requests sum to {total.tolist()}")
         kind, count, dtype, op, wire = codes
-        _contribute(Request(kind, count, DTYPES[dtype - 1], ReduceOp(op), DTYPES[wire - 1]), g)
+        _contribute(Request(kind, count, dtypes.dtype_of(dtype), ReduceOp(op), dtypes.dtype_of(wire)), g)
 
 
 def _contribute(request: Request, group) -> None:

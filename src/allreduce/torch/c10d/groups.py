@@ -15,7 +15,7 @@ from allreduce import api
 from allreduce.runtime import ProcessGroup
 
 from .backend import ProcessGroupAllreduce
-from .hooks import cpu_backend
+from .private import cpu_backend
 
 
 def resolve(group) -> ProcessGroup | None:

@@ -29,7 +29,7 @@ import torch
 
 from allreduce import api
 
-from .compression import Compressor
+from ..common.compression import Compressor
 
 TINY = sys.float_info.min ** 0.5  # squared norms below this count as zero (Horovod's threshold)
 

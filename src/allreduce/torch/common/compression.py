@@ -3,7 +3,7 @@
 A compressor is two functions, ``compress(tensor) -> (wire, ctx)`` and ``decompress(wire, ctx) ->
 tensor``. The ones here are *element-wise*: the wire tensor has the input's shape, element i decodes
 on its own, and ``ctx`` (the original dtype) is the same on every rank. That is what lets
-:func:`~allreduce.torch.reduction.reduce_flat` split a wire tensor into chunks, sum each chunk in
+:func:`~allreduce.torch.common.reduction.reduce_flat` split a wire tensor into chunks, sum each chunk in
 float32 on the rank that owns it, and send the result back in the wire dtype: the wire carries
 float16/bfloat16 but no sum is ever formed in it, so adding many large values cannot overflow.
 
@@ -66,7 +66,7 @@ class ErrorFeedback(Compressor):
     """``inner`` plus a per-buffer residual: what rounding lost last time is added before compressing.
 
     Residuals are keyed by the memory the tensor lives in, so compress the same buffer every step
-    (as :class:`~allreduce.torch.DistributedOptimizer` does with its fusion buckets). One instance
+    (as :func:`~allreduce.torch.DistributedOptimizer` does with its fusion buckets). One instance
     belongs to one optimizer.
     """
 

@@ -21,10 +21,10 @@ import torch
 from allreduce import api
 from allreduce.objects import all_gather_object
 
+from ..common import dtypes
+from .basics import Average
 from .handles import Pending, register
-from .horovod import Average
-from .hvd_reduce import allreduce
-from .joining import DTYPES
+from .reductions import allreduce
 from .process_sets import global_process_set, group_of
 
 MAX_DIMS = 16  # dimensions an allgathered tensor may have (the shape header is fixed-size)
@@ -41,7 +41,7 @@ def start_allgather(tensor: torch.Tensor, process_set) -> tuple[Pending, list[in
     group = group_of(process_set)
     n = group.size
     header = torch.zeros(2 + MAX_DIMS, dtype=torch.int64)
-    header[0], header[1] = DTYPES.index(tensor.dtype) + 1, tensor.dim()
+    header[0], header[1] = dtypes.code_of(tensor.dtype), tensor.dim()
     header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
     headers = torch.empty(n, header.numel(), dtype=torch.int64)
     api.all_gather_into_tensor(headers, header, group=group)
@@ -177,4 +177,4 @@ def allgather_object(obj, name=None, process_set=global_process_set) -> list:
 
 def _describe(header: torch.Tensor) -> str:
     code, dims = int(header[0]), header[2:2 + int(header[1])].tolist()
-    return f"{DTYPES[code - 1]} of shape {dims}"
+    return f"{dtypes.dtype_of(code)} of shape {dims}"

@@ -6,8 +6,8 @@ fusion does), applies ``prescale_factor``, reduces, applies ``postscale_factor``
 out on the tensors' device. A factor is applied as Horovod's CPU ops do: ``x = dtype(float64(x) *
 factor)``. ``op=Average`` of floating tensors divides the sum by the set's size; of integer tensors
 it is Horovod's: the sum times ``1/size`` by that rule, so truncated toward zero. Sums of 16-bit floats
-are formed in float32 (:func:`.reduction.reduce_flat`), where Horovod sums in the 16-bit type, so an
-fp16 average whose sum passes 65504 does not overflow. ``name`` is accepted and
+are formed in float32 (:func:`~allreduce.torch.common.reduction.reduce_flat`), where Horovod sums in the
+16-bit type, so an fp16 average whose sum passes 65504 does not overflow. ``name`` is accepted and
 unused: collectives pair up by issue order, which every rank shares.
 
 ``allreduce`` and ``grouped_allreduce`` are differentiable as in Horovod: the gradient of a reduction
@@ -29,9 +29,10 @@ import torch
 from allreduce import api
 from allreduce.ops import ReduceOp
 
-from . import adasum, joining, reduction
+from ..common import reduction
+from ..common.compression import Compression, Compressor
+from . import adasum, joining
 from .adasum import ADASUM
-from .compression import Compression, Compressor
 from .handles import Pending, register
 from .process_sets import global_process_set, group_of
 

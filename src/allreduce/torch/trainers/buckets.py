@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .tensors import host_buffer
+from ..common.tensors import host_buffer
 
 
 class Bucket:

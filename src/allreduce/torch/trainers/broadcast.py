@@ -16,8 +16,8 @@ import torch
 
 from allreduce import api
 
-from .groups import resolve
-from .tensors import Staged
+from ..c10d.groups import resolve
+from ..common.tensors import Staged
 
 
 def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
@@ -48,8 +48,8 @@ def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
 def broadcast_optimizer_state(optimizer, root_rank: int = 0, group=None) -> None:
     """Load ``root_rank``'s optimizer state (``state_dict()``) into ``optimizer`` on every rank.
 
-    ``optimizer`` is a ``torch.optim.Optimizer`` or a :class:`DistributedOptimizer`; every rank's must
-    have the same parameter groups.
+    ``optimizer`` is a ``torch.optim.Optimizer`` (one that :func:`DistributedOptimizer` returned too);
+    every rank's must have the same parameter groups.
 
     Example (two ranks)::
 

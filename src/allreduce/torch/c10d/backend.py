@@ -12,7 +12,7 @@ A call whose caller will wait (torch's ``opts.asyncOp`` false: ``dist.all_reduce
 barrier) come in through the ``*_now`` methods and get their finished work from the shim. Every other call
 (``async_op=True``, and C++ callers such as DDP's reducer) starts its collective asynchronously on
 the allreduce group and returns a :class:`~.work.TorchWork`.
-Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~.tensors.Staged`)
+Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~allreduce.torch.common.tensors.Staged`)
 and copied back before the work completes. ``opts`` may be omitted
 wherever torch's callers omit it (``backend.allreduce(tensors)``, communication hooks).
 """
@@ -28,8 +28,8 @@ import torch.distributed as dist
 from allreduce import api, bootstrap
 from allreduce.ops import ReduceOp
 
+from ..common.tensors import Staged, is_direct
 from . import monitored, sparse
-from .tensors import Staged, is_direct
 from .work import DoneWork, TorchWork, in_torch_words
 
 NAME = "allreduce"

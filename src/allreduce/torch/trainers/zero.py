@@ -15,7 +15,7 @@ elements. A step:
   straight into the flat buffer, that is, into every rank's parameters.
 
 Shards split tensors wherever ``1/n`` falls, so the balance is exact to one element. A parameter
-without a gradient counts as a zero gradient (as in :class:`DistributedOptimizer`).
+without a gradient counts as a zero gradient (as in :func:`DistributedOptimizer`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch
 from allreduce import api
 from allreduce.ops import ReduceOp
 
-from .groups import resolve
-from .tensors import Staged
+from ..c10d.groups import resolve
+from ..common.tensors import Staged
 
 STAGES = (1, 2)
 

@@ -13,7 +13,7 @@
 // DoneWork made here, finished from the start (no Python work, no GIL to wait on it). The views of
 // small tensors are kept for the next call on the same memory (Views).
 //
-// Built on first use by allreduce/torch/native.py (torch.utils.cpp_extension.load).
+// Built on first use by allreduce/torch/c10d/native.py (torch.utils.cpp_extension.load).
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>

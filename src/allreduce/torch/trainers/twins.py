@@ -2,7 +2,7 @@
 
 A group serves one thread at a time (:mod:`allreduce.group`): collectives from two threads at once
 would pair up in different orders on different ranks. Work that communicates from a thread of its own,
-such as :class:`~allreduce.torch.DistributedOptimizer` reducing gradients while backward runs, forms
+such as :func:`~allreduce.torch.DistributedOptimizer` reducing gradients while backward runs, forms
 a twin of the caller's group *from that thread*. Every rank of the group forms the same twins in the
 same order (data-parallel code does so by construction): the n-th twin of a group is named after it.
 """
@@ -13,7 +13,6 @@ import weakref
 
 from allreduce import bootstrap
 from allreduce.runtime import ProcessGroup
-from allreduce.transport.shm import ShmOptions
 
 _FORMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> twins formed of it so far
 
@@ -31,4 +30,4 @@ def twin(group: ProcessGroup, purpose: str) -> ProcessGroup:
     _FORMED[group] = count = _FORMED.get(group, 0) + 1
     name = f"{group.name}.{purpose}{count}"
     return bootstrap.form_group(group.store.prefix(name), group.rank, group.size, group.timeout, name, group.ranks,
-                                group.settings, ShmOptions.from_env())
+                                group.settings, group.shm_options)

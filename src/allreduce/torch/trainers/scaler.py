@@ -5,7 +5,7 @@ gradient up by S; after the reduction they are divided by S again before the opt
 S is too large a gradient overflows to inf (the fp16 cast on the wire does it too), so: when any
 reduced gradient is inf or NaN the step is skipped and S shrinks by ``backoff_factor``; after
 ``growth_interval`` clean steps in a row S grows by ``growth_factor``. With a
-:class:`DistributedOptimizer` every rank checks the same reduced gradients, so every rank makes the
+:func:`DistributedOptimizer` every rank checks the same reduced gradients, so every rank makes the
 same decision without another message. A :class:`ZeroRedundancyOptimizer` reduces inside its step,
 so there the ranks agree on the verdict with a one-element all-reduce first. Any other optimizer is
 checked on this rank's gradients as they are (one process, or gradients DDP already averaged).

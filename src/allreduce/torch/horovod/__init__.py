@@ -1,0 +1,2 @@
+"""Horovod's ``horovod.torch`` API (``import allreduce.torch as hvd``): its operations, handles,
+process sets, ``join`` and Adasum."""
