@@ -34,10 +34,10 @@ from typing import Callable
 import numpy as np
 
 import allreduce as dist
-from allreduce import collectives, dtypes
-from allreduce.cli import checks, launcher
-from allreduce.cli.progress import Progress
-from allreduce.ops import ReduceOp, check_op, finish, reduce_into
+from .. import collectives, dtypes
+from ..ops import ReduceOp, check_op, finish, reduce_into
+from . import checks, launcher
+from .progress import Progress
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all")
 _MAX_PERIOD = 1021  # the longest input pattern; a prime, so no power-of-two shift maps it onto itself

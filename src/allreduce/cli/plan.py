@@ -11,11 +11,11 @@ import argparse
 
 import numpy as np
 
-from allreduce import algorithms, collectives, dtypes
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.sim import simulate
-from allreduce.sim.sweep import format_bytes
+from .. import algorithms, collectives, dtypes
+from ..planner import costmodel
+from ..settings import Settings
+from ..sim import simulate
+from ..sim.sweep import format_bytes
 
 from . import launcher
 from .simulate import itemsize_of, size_arg

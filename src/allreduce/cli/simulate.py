@@ -13,17 +13,17 @@ import dataclasses
 import re
 import time
 
-from allreduce import algorithms, dtypes
-from allreduce.model.network import Network
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.sim import simulate
-from allreduce.sim.sweep import crossovers, fastest, format_bytes, plot, sweep
-from allreduce.trace import Trace
+from .. import algorithms, dtypes
+from ..model.network import Network
+from ..planner import costmodel
+from ..settings import Settings
+from ..sim import simulate
+from ..sim.sweep import crossovers, fastest, format_bytes, plot, sweep
+from ..trace import Trace
 
 from . import checks, launcher
-from .progress import Progress
 from .bench import parse_size, sizes as sweep_sizes
+from .progress import Progress
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 

@@ -44,13 +44,13 @@ import time
 import numpy as np
 
 import allreduce as dist
-from allreduce import dtypes
-from allreduce.cli import launcher
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.ops import ReduceOp, kernel
-from allreduce.model.network import Link, Network
-from allreduce.transport import shm
+from .. import dtypes
+from ..model.network import Link, Network
+from ..ops import ReduceOp, kernel
+from ..planner import costmodel
+from ..settings import Settings
+from ..transport import shm
+from . import launcher
 
 EXCHANGE_SIZES = (8, 64, 512, 4 << 10, 1 << 20, 4 << 20, 16 << 20)
 PING_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)

@@ -12,9 +12,9 @@ import dataclasses
 import inspect
 import re
 
-from allreduce import settings
-from allreduce.transport.shm import ShmOptions
-from allreduce.transport.shm.options import PREFIX as SHM_PREFIX
+from .. import settings
+from ..transport.shm import ShmOptions
+from ..transport.shm.options import PREFIX as SHM_PREFIX
 
 LAUNCH = (  # (variable, meaning): what `allreduce run` reads and what it sets for each worker
     ("ALLREDUCE_NPROC", "workers per node for `allreduce run` (its `-n`)"),

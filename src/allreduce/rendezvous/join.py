@@ -21,13 +21,13 @@ from __future__ import annotations
 import time
 from urllib.parse import SplitResult, parse_qs
 
-from allreduce import logs
-from allreduce.errors import CommTimeout, PeerLost, RendezvousError
-from allreduce.rendezvous.environment import from_environment
-from allreduce.rendezvous.schemes import Scheme, lookup
-from allreduce.rendezvous.store import Store, listing
-from allreduce.rendezvous.tcpstore import TCPStore
-from allreduce.settings import DEFAULT_TIMEOUT
+from .. import logs
+from ..errors import CommTimeout, PeerLost, RendezvousError
+from ..settings import DEFAULT_TIMEOUT
+from .environment import from_environment
+from .schemes import Scheme, lookup
+from .store import Store, listing
+from .tcpstore import TCPStore
 
 REPORT_S = 5.0  # seconds between the lines that say the rendezvous is still waiting
 _log = logs.get("rendezvous")

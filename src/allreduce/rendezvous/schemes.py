@@ -19,11 +19,11 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from allreduce.errors import RendezvousError
-from allreduce.rendezvous.environment import LaunchInfo, from_environment
-from allreduce.rendezvous.filestore import FileStore
-from allreduce.rendezvous.store import Store
-from allreduce.rendezvous.tcpstore import TCPStore
+from ..errors import RendezvousError
+from .environment import LaunchInfo, from_environment
+from .filestore import FileStore
+from .store import Store
+from .tcpstore import TCPStore
 
 Scheme = Callable[[SplitResult, int, int, float], Store]
 _SCHEMES: dict[str, Scheme] = {}

@@ -22,11 +22,11 @@ import ssl
 import threading
 import time
 
-from allreduce import auth, tls
-from allreduce.errors import ProtocolError, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import Contents, StoreLimits
-from allreduce.rendezvous.store import apply_request, deadline, timed_out
+from .. import auth, tls
+from ..errors import ProtocolError, RendezvousError
+from . import storewire as wire
+from .contents import Contents, StoreLimits
+from .store import apply_request, deadline, timed_out
 
 HANDSHAKE_CONTEXT = b"store"  # what a store connection's handshake proves itself for (both sides)
 RECV_BYTES = 1 << 16  # bytes per recv, on both sides of a store connection

@@ -20,13 +20,13 @@ import socket
 import threading
 import time
 
-from allreduce import auth, tls
-from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import StoreLimits
-from allreduce.rendezvous.store import Store
-from allreduce.rendezvous.storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
-from allreduce.settings import DEFAULT_TIMEOUT
+from .. import auth, tls
+from ..errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
+from ..settings import DEFAULT_TIMEOUT
+from . import storewire as wire
+from .contents import StoreLimits
+from .store import Store
+from .storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
 
 
 class _Link:
