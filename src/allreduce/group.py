@@ -217,7 +217,7 @@ class ProcessGroup:
             return "hierarchical"
         return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
                               transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile,
-                              in_rank_order=in_rank_order)
+                              cache_home=self.settings.cache_home, in_rank_order=in_rank_order)
 
     def point_to_point(self, buffer: np.ndarray | None, peer: int | None, tag: int | None, sending: bool,
                        exact: bool = True) -> P2PWork:

@@ -35,6 +35,7 @@ from allreduce import auth, collectives, wire
 from allreduce.errors import Mismatch, PeerLost, ProtocolError
 from allreduce.rendezvous import HashStore
 from allreduce.rendezvous import storewire
+from allreduce.security import Security
 from allreduce.transport import RecvSpec, mesh, tcp
 
 FRAMES: collections.Counter = collections.Counter()  # what was tried, by kind, for the report
@@ -119,9 +120,9 @@ def linked_pair():
     store = HashStore(timeout=10)
     out = {}
     thread = threading.Thread(
-        target=lambda: out.setdefault(0, tcp.TcpTransport.connect(0, 2, store, "127.0.0.1", "g", 10)))
+        target=lambda: out.setdefault(0, tcp.TcpTransport.connect(0, 2, store, "127.0.0.1", "g", 10, Security())))
     thread.start()
-    raw = mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "g", auth.job_key()), store, 0, time.monotonic() + 10)
+    raw = mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "g", Security()), store, 0, time.monotonic() + 10)
     thread.join(10)
     return out[0], raw
 
@@ -339,7 +340,7 @@ def test_peer_port_junk_while_the_group_forms():
     transports = {}
 
     def rank(r):
-        transports[r] = tcp.TcpTransport.connect(r, size, store, "127.0.0.1", "fuzzed", 20)
+        transports[r] = tcp.TcpTransport.connect(r, size, store, "127.0.0.1", "fuzzed", 20, Security())
 
     zero = threading.Thread(target=rank, args=(0,))
     zero.start()

@@ -72,7 +72,7 @@ def _cross_memory() -> str:
 def profile_in_use(env: dict[str, str]) -> str:
     """Which cost profile the planner reads: ``ALLREDUCE_PROFILE``, the user's cache, or the built-in one."""
     named = env.get("ALLREDUCE_PROFILE")
-    path = named or costmodel.default_path()
+    path = named or costmodel.default_path(env.get("XDG_CACHE_HOME", ""))
     if os.path.exists(path):
         return f"{path} ({'ALLREDUCE_PROFILE' if named else 'written by `allreduce tune`'})"
     if named:

@@ -18,7 +18,7 @@ from ..sim import simulate
 from ..sim.sweep import format_bytes
 
 from . import launcher
-from .simulate import itemsize_of, size_arg
+from .simulate import itemsize_of, profile_named, size_arg
 from .tune import describe
 
 
@@ -51,7 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand."""
     try:
-        profile = costmodel.load(args.profile or Settings.from_env().profile)
+        profile = profile_named(args.profile)
         if args.cores is not None:
             profile = profile.updated(cores=args.cores)
         network = profile.network(args.hosts, args.dtype)

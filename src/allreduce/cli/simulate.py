@@ -51,9 +51,15 @@ def parse_per_byte(text: str) -> float:
     return 1 / bytes_per_second
 
 
+def profile_named(path: str | None) -> costmodel.Profile:
+    """The cost profile at ``path`` (``--profile``), else ``ALLREDUCE_PROFILE``'s, else the user's cache's."""
+    settings = Settings.from_env()
+    return costmodel.load(path or settings.profile, settings.cache_home)
+
+
 def network_from_args(args: argparse.Namespace) -> Network:
     """The profile's network for ``--hosts`` and ``--dtype``, with the flags' replacements."""
-    network = costmodel.load(args.profile or Settings.from_env().profile).network(args.hosts, args.dtype)
+    network = profile_named(args.profile).network(args.hosts, args.dtype)
     uniform = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("duplex", args.duplex),
                                  ("step", args.step)) if v is not None}
     inter = {k: v for k, v in (("alpha", args.inter_alpha), ("beta", args.inter_beta),

@@ -256,7 +256,8 @@ def transports(requested: str, scope: str) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Run the ``tune`` subcommand: start two ranks per transport (or be one), measure, store, print."""
-    output = args.output or Settings.from_env().profile or costmodel.default_path()
+    settings = Settings.from_env()
+    output = args.output or settings.profile or costmodel.default_path(settings.cache_home)
     try:
         chosen = transports(args.transport, args.scope)
     except ValueError as exc:
@@ -278,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if len(chosen) != 1:
         args.error("with --job, name the transport the job uses: --transport tcp or shm")
-    if Settings.from_env().transport != chosen[0]:
+    if settings.transport != chosen[0]:
         args.error(f"with --job, run the job with ALLREDUCE_TRANSPORT={chosen[0]}, the transport it measures")
     try:
         dist.init_process_group()

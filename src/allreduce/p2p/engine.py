@@ -39,9 +39,10 @@ import time
 
 import numpy as np
 
-from .. import auth, wire
+from .. import wire
 from ..dtypes import dtype_of
 from ..errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, with_peer
+from ..security import Security
 from ..transport.tcp import TcpPeering
 from . import nearby
 from .link import Link
@@ -103,13 +104,15 @@ class Engine(Progress):
         self._start_progress(name)
 
     @classmethod
-    def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float) -> "Engine":
-        """Listen on ``host``, publish the address in ``store`` and start the progress thread.
+    def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float,
+              security: Security) -> "Engine":
+        """Listen on ``host``, publish the address in ``store`` and start the progress thread; links
+        prove themselves with ``security``.
 
         Raises:
             OSError: cannot listen. CommTimeout/RendezvousError: the store is unreachable.
         """
-        peering = P2PPeering(rank, size, host, f"{name}/p2p", auth.job_key(), [r for r in range(size) if r != rank])
+        peering = P2PPeering(rank, size, host, f"{name}/p2p", security, [r for r in range(size) if r != rank])
         listener, address = peering.listen(max(size, 16))
         try:
             store.set(f"{P2PPeering.kind}/{rank}", address.encode())

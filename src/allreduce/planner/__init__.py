@@ -22,7 +22,7 @@ from . import costmodel
 
 
 def choose(collective: str, requested: str | None, nbytes: int, size: int, *, hosts: int = 1,
-           dtype=None, transport: str = "tcp", forced: str = "auto", profile: str = "",
+           dtype=None, transport: str = "tcp", forced: str = "auto", profile: str = "", cache_home: str = "",
            in_rank_order: bool = False) -> str:
     """The registered algorithm to run.
 
@@ -36,7 +36,8 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
         dtype: element type (its reduction speed matters), default float32.
         transport: the transport between ranks of one host.
         forced: the job's forced algorithm (``ALLREDUCE_ALGO``), used where ``collective`` has it.
-        profile: the cost profile file (default: the user's cache, else built-in defaults).
+        profile: the cost profile file (default: the one in ``cache_home``, else built-in defaults).
+        cache_home: the user's cache directory (``XDG_CACHE_HOME``; "": ``~/.cache``).
         in_rank_order: choose only among algorithms that reduce in rank order (deterministic mode).
 
     Raises:
@@ -52,7 +53,7 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
         return forced
     dtype = np.dtype(dtype or np.float32)
     whole = nbytes * size if collectives.get(collective).split else nbytes
-    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load(profile),
+    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load(profile, cache_home),
                  allowed)
 
 

@@ -22,9 +22,9 @@ from .contents import StoreLimits
 from .environment import LaunchInfo, from_environment
 from .filestore import FileStore
 from .join import LEFT_KEY, rendezvous
-from .schemes import Scheme, register_scheme, unregister_scheme
+from .schemes import Joining, Scheme, register_scheme, unregister_scheme
 from .store import HashStore, PrefixStore, Store
 from .tcpstore import TCPStore
 
-__all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Store", "PrefixStore",
-           "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]
+__all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Joining", "Store",
+           "PrefixStore", "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]
