@@ -22,7 +22,7 @@ from ..sim.sweep import crossovers, fastest, format_bytes, plot, sweep
 from ..trace import Trace
 
 from . import checks, launcher
-from .bench import parse_size, sizes as sweep_sizes
+from .measuring import parse_size, sizes as sweep_sizes
 from .progress import Progress
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -182,7 +182,7 @@ def itemsize_of(name: str) -> int:
 
 
 def size_arg(text: str) -> int:
-    """argparse type for sizes such as ``64MiB`` (see :func:`allreduce.cli.bench.parse_size`)."""
+    """argparse type for sizes such as ``64MiB`` (see :func:`allreduce.cli.measuring.parse_size`)."""
     try:
         return parse_size(text)
     except ValueError as exc:
