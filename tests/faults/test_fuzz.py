@@ -8,7 +8,8 @@ Live: while a three-rank job runs collectives and forms subgroups, junk connecti
 port (random bytes, requests without the handshake, wrong secrets, replayed and truncated
 responses, authenticated clients that then send garbage); while a group forms, the same hit a
 rank's listening port. The job must go on, nothing sent without the secret may reach the store, and
-the store host's memory must stay flat. Every frame tried is counted; the last test prints the counts.
+the store host's memory must stay flat. Every frame tried is counted; the last test checks that every
+kind on the live tests' menus was tried, and prints the counts.
 """
 
 from __future__ import annotations
@@ -334,6 +335,10 @@ def test_store_port_junk_while_a_job_runs():
     assert results[0][3] < 8 << 20, f"store host grew by {results[0][3] >> 20} MiB"
 
 
+PEER_JUNK = ("random bytes", "truncated hello", "hello for another group", "hello to another rank",
+             "hello from an impossible rank", "hello, wrong secret", "hello, random response")
+
+
 def test_peer_port_junk_while_the_group_forms():
     store = HashStore(timeout=20)
     size, rng = 4, random.Random(3)
@@ -352,8 +357,7 @@ def test_peer_port_junk_while_the_group_forms():
         if i == 100:  # the real ranks join among the junk
             for t in others:
                 t.start()
-        kind = rng.choice(["random bytes", "truncated hello", "hello for another group", "hello to another rank",
-                           "hello from an impossible rank", "hello, wrong secret", "hello, random response"])
+        kind = rng.choice(PEER_JUNK)
         hello = {"hello for another group": struct.pack("<4sii16s", b"ARHI", 1, 0, bytes(16)),
                  "hello to another rank": struct.pack("<4sii16s", b"ARHI", 2, 5, digest),
                  "hello from an impossible rank": struct.pack("<4sii16s", b"ARHI", 99, 0, digest)}.get(
@@ -395,8 +399,19 @@ def test_peer_port_junk_while_the_group_forms():
         transport.close()
 
 
-def test_report_counts(capsys):
+MENUS = {"store port": (*JUNK, "silent connection", "genuine client (recorded for replay)"),
+         "peer port": PEER_JUNK}  # what the live tests mean to try, by the port they feed
+
+
+def test_every_kind_of_junk_was_tried_and_the_counts_are_reported(capsys):
+    """Each live test above that ran tried every kind on its menu (a kind never sent tests nothing);
+    the counts of everything fuzzed are printed."""
     with capsys.disabled():
         print(f"\nfuzzed frames: {sum(FRAMES.values())} in all")
         for kind, count in sorted(FRAMES.items()):
             print(f"  {count:6d}  {kind}")
+    ran = {kind.split(": ")[0] for kind in FRAMES} & set(MENUS)
+    if not ran:
+        pytest.skip("no live fuzz test ran before this one")
+    untried = [f"{port}: {kind}" for port in sorted(ran) for kind in MENUS[port] if not FRAMES[f"{port}: {kind}"]]
+    assert untried == [], f"never tried: {untried}"
