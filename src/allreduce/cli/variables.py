@@ -43,7 +43,7 @@ LAUNCHER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "MASTER_", "T
 
 
 def library() -> list[tuple[str, str]]:
-    """``(variable, meaning)`` of every ``ALLREDUCE_*`` variable, the library's settings first."""
+    """``(variable, meaning)`` of every variable the library reads, its settings first."""
     rows = [(name, meaning) for name, _, meaning in settings.VARIABLES]
     comments = field_comments(ShmOptions)
     for field in dataclasses.fields(ShmOptions):

@@ -53,8 +53,8 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
         return forced
     dtype = np.dtype(dtype or np.float32)
     whole = nbytes * size if collectives.get(collective).split else nbytes
-    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load(profile, cache_home),
-                 allowed)
+    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport,
+                 costmodel.load(profile, cache_home), allowed)
 
 
 @functools.lru_cache(maxsize=4096)
