@@ -7,7 +7,7 @@ A Ctrl-C that arrives while the command is still being imported (a worker that `
 import sys
 
 try:
-    from allreduce.cli import main
+    from .cli import main
 
     sys.exit(main())
 except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from .runtime import ProcessGroup, Request
 from .ops import ReduceOp, check_op, finish_reduction
 from .p2p import TAG_UB, P2PWork
 from .planner import determinism
+from .security import Security
 from .settings import DEFAULT_TIMEOUT, Settings
 from .transport.shm import ShmOptions
 from .work import Work
@@ -96,7 +97,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     settings, shm_options = Settings.from_env(), ShmOptions.from_env()  # the environment, read once
     logs.configure(settings.debug)
     if store is None:
-        store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds)
+        joining = rendezvous.Joining(rendezvous.from_environment(), Security.of(settings))
+        store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
     elif rank < 0 or world_size < 1:
         raise ValueError("with store=..., pass rank= and world_size= too")
     _State.world = form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)),
@@ -142,8 +144,8 @@ def use_deterministic_algorithms(mode: bool) -> None:
 
 def are_deterministic_algorithms_enabled() -> bool:
     """Whether deterministic mode is on (see :func:`use_deterministic_algorithms`): as last set there,
-    else as ``ALLREDUCE_DETERMINISTIC`` says."""
-    return determinism.enabled()
+    else as ``ALLREDUCE_DETERMINISTIC`` said when :func:`init_process_group` read it."""
+    return determinism.enabled(_State.settings)
 
 
 def default_group() -> ProcessGroup:

@@ -15,7 +15,8 @@ link between two given ranks of a given group). MACs are compared in constant ti
 refuses a client says so in a fixed message (no MAC, nothing secret) and closes the connection, so a
 rank with the wrong secret is told so, rather than left to guess whether the server died.
 
-The key is ``ALLREDUCE_SECRET`` (``allreduce run`` sets a fresh one per job unless the user set one).
+The key is ``ALLREDUCE_SECRET`` (``allreduce run`` sets a fresh one per job unless the user set one),
+read at the edge into :class:`~.settings.Settings` and handed down in a :class:`~.security.Security`.
 Without it the handshake still runs, keyed by a constant everyone knows: it then keeps out processes
 that speak another protocol or belong to another group, but anyone who can reach the port passes it.
 It checks membership; it does not authenticate. Only the start of a connection is protected: the
@@ -33,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import socket
 import struct
@@ -42,7 +42,6 @@ import time
 from .addresses import is_loopback
 from .errors import ProtocolError
 
-SECRET_ENV = "ALLREDUCE_SECRET"
 MAGIC = b"ARau"
 VERSION = 1
 NONCE_SIZE = 32
@@ -52,7 +51,7 @@ CHALLENGE_SIZE = _CHALLENGE.size  # bytes the server sends first
 RESPONSE_SIZE = NONCE_SIZE + MAC_SIZE  # bytes the client answers
 PROOF_SIZE = MAC_SIZE  # bytes the server answers last
 REFUSAL = b"ARno" + bytes(PROOF_SIZE - 4)  # what the server answers instead of a proof to a wrong response
-_PUBLIC_KEY = b"allreduce: no ALLREDUCE_SECRET was set"  # well known: membership only, not secrecy
+PUBLIC_KEY = b"allreduce: no ALLREDUCE_SECRET was set"  # well known: membership only, not secrecy
 _LENGTH = struct.Struct("!I")
 
 _log = logging.getLogger("allreduce")
@@ -63,16 +62,15 @@ class AuthError(ProtocolError):
     """The other end of a connection did not prove that it knows the job's secret."""
 
 
-def job_key(environ=os.environ) -> bytes:
-    """The HMAC key of this job: ``ALLREDUCE_SECRET``, or the well-known key when it is not set."""
-    secret = environ.get(SECRET_ENV)
-    return secret.encode() if secret else _PUBLIC_KEY
+def job_key(secret: str) -> bytes:
+    """The HMAC key of a job whose secret is ``secret`` (``ALLREDUCE_SECRET``; "": the well-known key)."""
+    return secret.encode() if secret else PUBLIC_KEY
 
 
-def warn_if_exposed(host: str, environ=os.environ) -> None:
-    """Log once per process when a server binds beyond loopback without ``ALLREDUCE_SECRET``."""
+def warn_if_exposed(host: str, key: bytes) -> None:
+    """Log once per process when a server binds beyond loopback with the well-known key (no secret)."""
     global _warned
-    if _warned or environ.get(SECRET_ENV) or is_loopback(host):
+    if _warned or key != PUBLIC_KEY or is_loopback(host):
         return
     _warned = True
     _log.warning("allreduce: listening on %s without ALLREDUCE_SECRET: connections are checked for group "

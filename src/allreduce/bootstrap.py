@@ -2,7 +2,8 @@
 
 Used alike by :func:`allreduce.init_process_group`/:func:`allreduce.new_group` and by the
 torch.distributed backend, which brings its own store. The environment has been read by the caller,
-into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`. Every
+into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`; the TCP
+links prove themselves with the :class:`~allreduce.security.Security` the settings give. Every
 group also gets a point-to-point engine (:mod:`.p2p`), which listens and publishes its address here;
 its links are made on first use.
 """
@@ -16,6 +17,7 @@ from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
 from .runtime import ProcessGroup
 from .rendezvous import LEFT_KEY
+from .security import Security
 from .settings import Settings
 from .timeline import TimelineTransport
 from .transport import shm
@@ -46,14 +48,15 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
     logs.configure(settings.debug)
     logs.tag(ranks[rank])
     topo = topology.discover(store, rank, size, timeout, settings.host_id)
-    transport, intra = connect(store, rank, size, topo, name, timeout, settings, shm_options)
+    security = Security.of(settings)
+    transport, intra = connect(store, rank, size, topo, name, timeout, settings, security, shm_options)
     near = [r for r in topo.local_ranks if r != rank] if intra == "shm" else []
     _log.info("group %s: rank %d/%d reaches ranks %s by shared memory, ranks %s by TCP", name, rank, size,
               near, [r for r in range(size) if r != rank and r not in near])
     if settings.timeline:  # a Chrome trace per rank, written when the group closes
         transport = TimelineTransport(transport, settings.timeline, ranks[rank], name)
     try:  # point-to-point: listen and publish the address now; links are made on first use
-        engine = p2p.Engine.start(store, rank, size, bind_host(store, settings), name, timeout)
+        engine = p2p.Engine.start(store, rank, size, bind_host(store, settings), name, timeout, security)
     except BaseException:
         transport.close()
         raise
@@ -68,9 +71,10 @@ def check_forced_algorithm(name: str) -> None:
 
 
 def connect(store, rank: int, size: int, topo: topology.Topology, name: str, timeout: float,
-            settings: Settings, shm_options: shm.ShmOptions | None = None):
+            settings: Settings, security: Security, shm_options: shm.ShmOptions | None = None):
     """``(transport, intra)``: shared memory among this host's ranks where the platform allows, TCP to
-    the others; ``settings.transport`` may force one. ``intra`` names the one used inside a host."""
+    the others (proving itself with ``security``); ``settings.transport`` may force one. ``intra`` names
+    the one used inside a host."""
     local = list(topo.local_ranks)
     if settings.transport == "shm" and (len(topo.hosts) > 1 or not shm.available()):
         why = (f"this group spans {len(topo.hosts)} hosts" if len(topo.hosts) > 1
@@ -78,12 +82,12 @@ def connect(store, rank: int, size: int, topo: topology.Topology, name: str, tim
         raise ValueError(f"ALLREDUCE_TRANSPORT=shm needs every rank on one host of a capable platform, but {why}; "
                          "unset it to let each pair of ranks use what reaches it")
     if settings.transport == "tcp" or len(local) == 1 or not shm.available():
-        return TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout), "tcp"
+        return TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout, security), "tcp"
     near = shm.ShmTransport.connect(rank, size, store, name, timeout, local, shm_options or shm.ShmOptions())
     if len(local) == size:
         return near, "shm"
     try:
-        far = TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout)
+        far = TcpTransport.connect(rank, size, store, bind_host(store, settings), name, timeout, security)
     except BaseException:
         near.close()
         raise

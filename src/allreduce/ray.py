@@ -19,9 +19,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from allreduce import api
-from allreduce.rendezvous import TCPStore
-from allreduce.settings import DEFAULT_TIMEOUT
+from . import api
+from .rendezvous import TCPStore
+from .security import Security
+from .settings import DEFAULT_TIMEOUT, Settings
 
 try:
     import ray
@@ -68,14 +69,20 @@ def destroy_group(actors: Sequence, timeout: float = DEFAULT_TIMEOUT) -> None:
 
 
 def _host_store(_actor, token: str, size: int, timeout: float) -> tuple[str, int]:
-    store = TCPStore(ray.util.get_node_ip_address(), 0, is_server=True, timeout=timeout, world_size=size)
+    store = TCPStore(ray.util.get_node_ip_address(), 0, is_server=True, timeout=timeout, world_size=size,
+                     security=_security())
     _hosted[token] = store
     return store.host, store.port
 
 
 def _join(_actor, token: str, rank: int, size: int, host: str, port: int, timeout: float) -> None:
-    store = _hosted.pop(token) if rank == 0 else TCPStore(host, port, timeout=timeout)
+    store = _hosted.pop(token) if rank == 0 else TCPStore(host, port, timeout=timeout, security=_security())
     api.init_process_group(store=store, rank=rank, world_size=size, timeout=timeout)
+
+
+def _security() -> Security:
+    """The actor's key and TLS, from its environment: its store is made here, before init_process_group."""
+    return Security.of(Settings.from_env())
 
 
 def _leave(_actor) -> None:

@@ -1,4 +1,4 @@
-"""Every ``ALLREDUCE_*`` setting of the library, read from the environment once, when a group forms.
+"""Every setting of the library (``ALLREDUCE_*``, and the user's cache directory), read from the environment once.
 
 The variables are listed in :data:`VARIABLES` (name, field, meaning); :meth:`Settings.from_env` turns
 them into a frozen :class:`Settings` that is passed down to what needs it, so nothing below reads the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .logs import LEVELS
 
@@ -38,6 +38,8 @@ class Settings:
     tls_cert: str = ""  # ALLREDUCE_TLS_CERT: this rank's certificate (PEM); with the next two, TLS on every TCP link
     tls_key: str = ""  # ALLREDUCE_TLS_KEY: its private key (PEM)
     tls_ca: str = ""  # ALLREDUCE_TLS_CA: the CA that must have signed every peer's certificate (PEM)
+    secret: str = field(default="", repr=False)  # ALLREDUCE_SECRET: the job's shared secret (never shown)
+    cache_home: str = ""  # XDG_CACHE_HOME: the user's cache, where the default cost profile lives ("": ~/.cache)
 
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
@@ -83,4 +85,8 @@ VARIABLES = (  # (variable, Settings field, meaning), for the docs and for error
      "every TCP link use mutually authenticated TLS 1.3"),
     ("ALLREDUCE_TLS_KEY", "tls_key", "the certificate's private key (PEM file)"),
     ("ALLREDUCE_TLS_CA", "tls_ca", "the CA (PEM file) that must have signed every rank's certificate"),
+    ("ALLREDUCE_SECRET", "secret", "the job's shared secret that authenticates every connection; `allreduce run` "
+     "makes one for a single node, several nodes must share one"),
+    ("XDG_CACHE_HOME", "cache_home", "the user's cache directory (default ~/.cache): `allreduce tune` writes the "
+     "cost profile to allreduce/profile.json in it, where the planner reads it unless ALLREDUCE_PROFILE names one"),
 )

@@ -6,7 +6,8 @@ signed by that CA and check the other's, and everything after it is encrypted an
 proves membership of the CA's job, not a host name: ranks dial addresses, and any certificate the CA
 signed is accepted, so give each job its own CA (or at least one no other service trusts). The job
 secret's challenge-response (:mod:`.auth`) still runs inside the TLS channel, binding each connection
-to its purpose (the store, one link of one group) as it does without TLS.
+to its purpose (the store, one link of one group) as it does without TLS. The contexts are loaded
+once per set of files (:func:`load`) and reach the connections in a :class:`~.security.Security`.
 
 :class:`TlsSocket` makes an SSL socket read and write like the plain sockets the non-blocking code
 expects ("would block" is ``BlockingIOError``; ``sendmsg``/``recvmsg_into`` use the first buffer
@@ -16,15 +17,12 @@ only, since TLS has no gather I/O), so the transports and the store keep one cod
 from __future__ import annotations
 
 import functools
-import os
 import socket
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from .settings import Settings
 
 _WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 Buffer = Any  # whatever has the buffer protocol (typing's Buffer needs Python 3.12)
@@ -84,18 +82,6 @@ class Tls:
         """``sock`` (non-blocking) as the server's end, its handshake left to ``do_handshake()`` calls
         from an event loop."""
         return self.server.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-
-
-def from_env(environ: Mapping[str, str] = os.environ) -> Tls | None:
-    """This process's TLS contexts, or ``None`` when the ``ALLREDUCE_TLS_*`` variables are not set.
-
-    Raises:
-        ValueError: only some of the three variables are set, or a file cannot be read or used.
-    """
-    settings = Settings.from_env(environ)
-    if not settings.tls_cert:
-        return None
-    return load(settings.tls_cert, settings.tls_key, settings.tls_ca)
 
 
 @functools.lru_cache(maxsize=4)

@@ -21,8 +21,8 @@ import pytest
 
 from support.paths import SRC
 from allreduce import cli, collectives
-from allreduce.cli import bench
-from allreduce.cli.bench import BenchOptions, parse_size, sizes
+from allreduce.cli import bench, measuring
+from allreduce.cli.measuring import BenchOptions, parse_size, sizes
 from allreduce.ops import ReduceOp, finish, reduce_into
 
 
@@ -76,7 +76,7 @@ def _parse(argv):
 
 @pytest.mark.parametrize("options", [
     BenchOptions(),
-    BenchOptions(collectives=bench.COLLECTIVES, min_bytes=0, max_bytes=2**30, factor=4, iters=3, warmup=0,
+    BenchOptions(collectives=measuring.COLLECTIVES, min_bytes=0, max_bytes=2**30, factor=4, iters=3, warmup=0,
                  dtype="bfloat16", op="max", algorithms=("ring", "tree"), check=False),
     BenchOptions(collectives=("broadcast", "all_gather"), dtype="int8", op="bxor", algorithms=("all",)),
 ])
@@ -88,7 +88,7 @@ def test_command_line_defaults_and_errors(capsys):
     options = bench.options_from_args(_parse(["-e", "64KiB", "--algorithm", "ring, tree"]))
     assert (options.min_bytes, options.max_bytes, options.algorithms) == (8, 65536, ("ring", "tree"))
     assert options.collectives == ("all_reduce",) and options.iters == 20 and options.warmup == 5
-    assert bench.options_from_args(_parse(["--collective", "all"])).collectives == bench.COLLECTIVES
+    assert bench.options_from_args(_parse(["--collective", "all"])).collectives == measuring.COLLECTIVES
     bad = ((["-b", "1Q"], "not a size"), (["-f", "1"], "at least 2"), (["--dtype", "float8"], "unknown dtype 'float8'"))
     for argv, match in bad:
         with pytest.raises(SystemExit) as exit_info:
@@ -100,12 +100,12 @@ def test_command_line_defaults_and_errors(capsys):
 
 
 def test_table_lines_align():
-    row = bench.Row("all_reduce", 1024, 256, "float32", "sum", "ring", 12.345, 0.083, 0.124, True)
+    row = measuring.Row("all_reduce", 1024, 256, "float32", "sum", "ring", 12.345, 0.083, 0.124, True)
     header, line = bench.format_header(), bench.format_row(row)
     assert header.startswith("#") and len(header) == len(line)
     assert line.split() == ["1024", "256", "float32", "sum", "ring", "12.35", "0.083", "0.124", "ok"]
-    assert bench.format_row(bench.Row(**{**row.__dict__, "correct": False})).endswith("WRONG")
-    assert bench.format_row(bench.Row(**{**row.__dict__, "correct": None})).endswith("-")
+    assert bench.format_row(measuring.Row(**{**row.__dict__, "correct": False})).endswith("WRONG")
+    assert bench.format_row(measuring.Row(**{**row.__dict__, "correct": None})).endswith("-")
     assert bench.format_summary([row])[0].startswith("# avg busbw: 0.124 GB/s")
 
 
@@ -116,7 +116,7 @@ def test_expected_values_are_exact(dtype, world):
     dt = np.dtype(dtype)
     ops = [op for op in ReduceOp if _defined(op, dt)]
     for op in ops:
-        pattern = bench._pattern(op, world, dt)
+        pattern = measuring._pattern(op, world, dt)
         ints = [pattern.values(r, 0, pattern.period).real.astype(np.int64) for r in range(world)]
         exact = ints[0].copy()
         for x in ints[1:]:
@@ -206,12 +206,12 @@ class FakeRank:
         out[...] = np.concatenate([v[self.rank * n:(self.rank + 1) * n] for v in values])
 
 
-def _sweep_all(world: FakeWorld, options: BenchOptions) -> list[list[bench.Row]]:
+def _sweep_all(world: FakeWorld, options: BenchOptions) -> list[list[measuring.Row]]:
     results, errors = [None] * world.size, []
 
     def rank_main(rank):
         try:
-            results[rank] = bench.sweep(world.rank(rank), options)
+            results[rank] = measuring.sweep(world.rank(rank), options)
         except BaseException as exc:  # reported below, on the test's thread
             errors.append(exc)
             world.barrier.abort()
@@ -230,12 +230,12 @@ def _sweep_all(world: FakeWorld, options: BenchOptions) -> list[list[bench.Row]]
 @pytest.mark.parametrize("dtype, op", [("float32", "sum"), ("int8", "max"), ("bfloat16", "avg"),
                                        ("complex64", "product"), ("bool", "bxor"), ("uint16", "min")])
 def test_sweep_every_collective_is_right(world_size, dtype, op):
-    options = BenchOptions(collectives=bench.COLLECTIVES, min_bytes=1, max_bytes=3000, factor=7, iters=2, warmup=1,
+    options = BenchOptions(collectives=measuring.COLLECTIVES, min_bytes=1, max_bytes=3000, factor=7, iters=2, warmup=1,
                            dtype=dtype, op=op)
     per_rank = _sweep_all(FakeWorld(world_size), options)
     rows = per_rank[0]
     assert all(r == rows for r in per_rank), "every rank returns the same rows"
-    assert [r.collective for r in rows] == [c for c in bench.COLLECTIVES for _ in sizes(1, 3000, 7)]
+    assert [r.collective for r in rows] == [c for c in measuring.COLLECTIVES for _ in sizes(1, 3000, 7)]
     assert all(r.correct for r in rows), [r for r in rows if not r.correct]
     itemsize = np.dtype(dtype).itemsize
     for row in rows:
@@ -261,18 +261,18 @@ def test_plan_algorithms():
     api = FakeWorld(1).rank(0)
     options = BenchOptions(collectives=("all_reduce", "all_gather"), min_bytes=8, max_bytes=16,
                            algorithms=("auto", "tree"))
-    assert bench.plan(api, options) == [("all_reduce", 8, "auto"), ("all_reduce", 8, "tree"),
+    assert measuring.plan(api, options) == [("all_reduce", 8, "auto"), ("all_reduce", 8, "tree"),
                                         ("all_reduce", 16, "auto"), ("all_reduce", 16, "tree"),
                                         ("all_gather", 8, "auto"), ("all_gather", 16, "auto")]
-    every = bench.plan(api, BenchOptions(min_bytes=8, max_bytes=8, algorithms=("all",)))
+    every = measuring.plan(api, BenchOptions(min_bytes=8, max_bytes=8, algorithms=("all",)))
     assert [a for _, _, a in every] == ["ring", "tree"]
     with pytest.raises(ValueError, match="'?warp'? is not registered .*registered: ring, tree"):
-        bench.plan(api, BenchOptions(algorithms=("ring", "warp")))
+        measuring.plan(api, BenchOptions(algorithms=("ring", "warp")))
 
 
 def test_sweep_passes_the_algorithm():
     world = FakeWorld(1)
-    bench.sweep(world.rank(0), BenchOptions(min_bytes=8, max_bytes=8, iters=1, warmup=0, algorithms=("auto", "ring")))
+    measuring.sweep(world.rank(0), BenchOptions(min_bytes=8, max_bytes=8, iters=1, warmup=0, algorithms=("auto", "ring")))
     assert ("all_reduce", "ring") in world.calls and ("all_reduce", "auto") in world.calls
 
 

@@ -20,7 +20,7 @@ from support.paths import SRC
 
 import allreduce as dist
 from allreduce import algorithms, cli, logs
-from allreduce.cli import bench, checks, info
+from allreduce.cli import bench, checks, info, measuring
 from allreduce.cli.progress import Progress
 from allreduce.cli.tracebacks import Condenser
 from allreduce.rendezvous import join
@@ -211,9 +211,9 @@ def test_output_paths_and_optional_packages_are_checked_before_work(tmp_path, ca
 def test_bench_names_the_algorithm_auto_ran():
     dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=30)
     try:
-        options = bench.BenchOptions(iters=1, warmup=0)
-        row = bench.measure(dist, "all_reduce", 4096, "auto", options)
-        fixed = bench.measure(dist, "all_reduce", 4096, "ring", options)
+        options = measuring.BenchOptions(iters=1, warmup=0)
+        row = measuring.measure(dist, "all_reduce", 4096, "auto", options)
+        fixed = measuring.measure(dist, "all_reduce", 4096, "ring", options)
     finally:
         dist.destroy_process_group()
     assert row.algorithm == "auto" and row.ran in algorithms.names("all_reduce")

@@ -8,7 +8,8 @@ Live: while a three-rank job runs collectives and forms subgroups, junk connecti
 port (random bytes, requests without the handshake, wrong secrets, replayed and truncated
 responses, authenticated clients that then send garbage); while a group forms, the same hit a
 rank's listening port. The job must go on, nothing sent without the secret may reach the store, and
-the store host's memory must stay flat. Every frame tried is counted; the last test prints the counts.
+the store host's memory must stay flat. Every frame tried is counted; the last test checks that every
+kind on the live tests' menus was tried, and prints the counts.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from allreduce import auth, collectives, wire
 from allreduce.errors import Mismatch, PeerLost, ProtocolError
 from allreduce.rendezvous import HashStore
 from allreduce.rendezvous import storewire
+from allreduce.security import Security
 from allreduce.transport import RecvSpec, mesh, tcp
 
 FRAMES: collections.Counter = collections.Counter()  # what was tried, by kind, for the report
@@ -119,9 +121,9 @@ def linked_pair():
     store = HashStore(timeout=10)
     out = {}
     thread = threading.Thread(
-        target=lambda: out.setdefault(0, tcp.TcpTransport.connect(0, 2, store, "127.0.0.1", "g", 10)))
+        target=lambda: out.setdefault(0, tcp.TcpTransport.connect(0, 2, store, "127.0.0.1", "g", 10, Security())))
     thread.start()
-    raw = mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "g", auth.job_key()), store, 0, time.monotonic() + 10)
+    raw = mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "g", Security()), store, 0, time.monotonic() + 10)
     thread.join(10)
     return out[0], raw
 
@@ -333,13 +335,17 @@ def test_store_port_junk_while_a_job_runs():
     assert results[0][3] < 8 << 20, f"store host grew by {results[0][3] >> 20} MiB"
 
 
+PEER_JUNK = ("random bytes", "truncated hello", "hello for another group", "hello to another rank",
+             "hello from an impossible rank", "hello, wrong secret", "hello, random response")
+
+
 def test_peer_port_junk_while_the_group_forms():
     store = HashStore(timeout=20)
     size, rng = 4, random.Random(3)
     transports = {}
 
     def rank(r):
-        transports[r] = tcp.TcpTransport.connect(r, size, store, "127.0.0.1", "fuzzed", 20)
+        transports[r] = tcp.TcpTransport.connect(r, size, store, "127.0.0.1", "fuzzed", 20, Security())
 
     zero = threading.Thread(target=rank, args=(0,))
     zero.start()
@@ -351,8 +357,7 @@ def test_peer_port_junk_while_the_group_forms():
         if i == 100:  # the real ranks join among the junk
             for t in others:
                 t.start()
-        kind = rng.choice(["random bytes", "truncated hello", "hello for another group", "hello to another rank",
-                           "hello from an impossible rank", "hello, wrong secret", "hello, random response"])
+        kind = rng.choice(PEER_JUNK)
         hello = {"hello for another group": struct.pack("<4sii16s", b"ARHI", 1, 0, bytes(16)),
                  "hello to another rank": struct.pack("<4sii16s", b"ARHI", 2, 5, digest),
                  "hello from an impossible rank": struct.pack("<4sii16s", b"ARHI", 99, 0, digest)}.get(
@@ -394,8 +399,19 @@ def test_peer_port_junk_while_the_group_forms():
         transport.close()
 
 
-def test_report_counts(capsys):
+MENUS = {"store port": (*JUNK, "silent connection", "genuine client (recorded for replay)"),
+         "peer port": PEER_JUNK}  # what the live tests mean to try, by the port they feed
+
+
+def test_every_kind_of_junk_was_tried_and_the_counts_are_reported(capsys):
+    """Each live test above that ran tried every kind on its menu (a kind never sent tests nothing);
+    the counts of everything fuzzed are printed."""
     with capsys.disabled():
         print(f"\nfuzzed frames: {sum(FRAMES.values())} in all")
         for kind, count in sorted(FRAMES.items()):
             print(f"  {count:6d}  {kind}")
+    ran = {kind.split(": ")[0] for kind in FRAMES} & set(MENUS)
+    if not ran:
+        pytest.skip("no live fuzz test ran before this one")
+    untried = [f"{port}: {kind}" for port in sorted(ran) for kind in MENUS[port] if not FRAMES[f"{port}: {kind}"]]
+    assert untried == [], f"never tried: {untried}"

@@ -20,6 +20,8 @@ from allreduce import auth
 
 from allreduce.errors import PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import HashStore, TCPStore
+from allreduce.security import Security
+from allreduce.settings import Settings
 from allreduce.transport import mesh, tcp
 
 KEY, OTHER = b"the job secret", b"another secret"
@@ -103,19 +105,20 @@ def test_bad_challenges_are_protocol_errors(message, words):
 
 
 def test_key_comes_from_the_environment_with_a_public_fallback():
-    assert auth.job_key({"ALLREDUCE_SECRET": "abc"}) == b"abc"
-    assert auth.job_key({}) == auth.job_key({"ALLREDUCE_SECRET": ""}) != b"abc"
+    assert Security.of(Settings.from_env({"ALLREDUCE_SECRET": "abc"})).key == auth.job_key("abc") == b"abc"
+    assert Security.of(Settings.from_env({})).key == auth.job_key("") == Security().key != b"abc"
+    assert "abc" not in repr(Settings(secret="abc")) and "abc" not in repr(Security(b"abc"))
 
 
 def test_warning_only_for_exposed_addresses_without_a_secret(caplog, monkeypatch):
     monkeypatch.setattr(auth, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="allreduce"):
         for host in ("127.0.0.1", "localhost", "::1"):
-            auth.warn_if_exposed(host, {})
-        auth.warn_if_exposed("10.1.2.3", {"ALLREDUCE_SECRET": "s"})
+            auth.warn_if_exposed(host, auth.PUBLIC_KEY)
+        auth.warn_if_exposed("10.1.2.3", b"s")
         assert not caplog.records
-        auth.warn_if_exposed("0.0.0.0", {})
-        auth.warn_if_exposed("10.1.2.3", {})
+        auth.warn_if_exposed("0.0.0.0", auth.PUBLIC_KEY)
+        auth.warn_if_exposed("10.1.2.3", auth.PUBLIC_KEY)
     assert len(caplog.records) == 1 and "ALLREDUCE_SECRET" in caplog.records[0].getMessage()
 
 
@@ -165,25 +168,21 @@ def test_silent_server_times_out_at_the_deadline():
 
 # ---- the store -----------------------------------------------------------------------------------
 
-def test_store_refuses_a_client_with_another_secret(monkeypatch):
-    monkeypatch.setenv("ALLREDUCE_SECRET", "right")
-    with TCPStore("127.0.0.1", 0, is_server=True, timeout=5) as server:
-        monkeypatch.setenv("ALLREDUCE_SECRET", "wrong")
+def test_store_refuses_a_client_with_another_secret():
+    right, wrong = Security(b"right"), Security(b"wrong")
+    with TCPStore("127.0.0.1", 0, is_server=True, timeout=5, security=right) as server:
         with pytest.raises(RendezvousError, match="refused our proof.*ALLREDUCE_SECRET"):
-            TCPStore("127.0.0.1", server.port, timeout=5)
-        monkeypatch.setenv("ALLREDUCE_SECRET", "right")
-        with TCPStore("127.0.0.1", server.port, timeout=5) as client:
+            TCPStore("127.0.0.1", server.port, timeout=5, security=wrong)
+        with TCPStore("127.0.0.1", server.port, timeout=5, security=right) as client:
             client.set("k", b"v")
         assert server.get("k") == b"v"
 
 
-def test_client_sees_a_store_that_does_not_know_the_secret(monkeypatch):
-    monkeypatch.setenv("ALLREDUCE_SECRET", "impostor")
-    with TCPStore("127.0.0.1", 0, is_server=True, timeout=5) as server:
+def test_client_sees_a_store_that_does_not_know_the_secret():
+    with TCPStore("127.0.0.1", 0, is_server=True, timeout=5, security=Security(b"impostor")) as server:
         listener = server._server._listener.getsockname()
-        monkeypatch.setenv("ALLREDUCE_SECRET", "real")
         with pytest.raises(RendezvousError, match="cannot join the store"):
-            TCPStore(*listener, timeout=5)
+            TCPStore(*listener, timeout=5, security=Security(b"real"))
 
 
 def test_store_client_fails_fast_once_its_server_is_gone():
@@ -205,12 +204,12 @@ def test_peer_link_with_another_secret_is_refused_and_the_group_forms_without_it
     done = {}
 
     def rank(r):
-        done[r] = tcp.TcpTransport.connect(r, 2, store, "127.0.0.1", "default", 10)
+        done[r] = tcp.TcpTransport.connect(r, 2, store, "127.0.0.1", "default", 10, Security())
 
     zero = threading.Thread(target=rank, args=(0,))
     zero.start()
     with pytest.raises(RendezvousError, match="could not authenticate with rank 0.*ALLREDUCE_SECRET"):
-        mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "default", b"not the key"), store, 0, time.monotonic() + 5)
+        mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "default", Security(b"not the key")), store, 0, time.monotonic() + 5)
     rank(1)
     zero.join(10)
     assert sorted(done) == [0, 1]

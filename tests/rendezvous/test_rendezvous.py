@@ -329,7 +329,7 @@ def test_one_client_shared_by_threads_does_not_serialize_blocking_gets(server):
 def raw(port: int) -> socket.socket:
     """A connection to the store past its handshake, for speaking the store's wire directly."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, time.monotonic() + 5)
+    auth.client_handshake(sock, auth.PUBLIC_KEY, HANDSHAKE_CONTEXT, time.monotonic() + 5)
     sock.settimeout(5)
     return sock
 
@@ -524,7 +524,8 @@ def test_env_rendezvous_of_four(clean_env):
     clean_env.setenv("MASTER_ADDR", "127.0.0.1")
     clean_env.setenv("MASTER_PORT", str(free_port()))
     clean_env.setenv("WORLD_SIZE", "4")
-    check_world(run_threads(4, lambda r: rendezvous(None, rank=r, timeout=10)), 4)
+    joining = rdv.Joining(from_environment())
+    check_world(run_threads(4, lambda r: rendezvous(None, rank=r, timeout=10, joining=joining)), 4)
 
 
 def test_tcp_rendezvous_of_four(clean_env):
@@ -612,14 +613,14 @@ def test_one_default_timeout(clean_env, tmp_path):
 def test_rank_and_size_from_the_environment(clean_env, tmp_path):
     clean_env.setenv("RANK", "0")
     clean_env.setenv("WORLD_SIZE", "1")
-    store, rank, size = rendezvous(f"file://{tmp_path}/s", timeout=5)
+    store, rank, size = rendezvous(f"file://{tmp_path}/s", timeout=5, joining=rdv.Joining(from_environment()))
     assert (rank, size) == (0, 1)
     store.close()
 
 
 def test_register_scheme(clean_env):
     made = []
-    rdv.register_scheme("mem", lambda url, rank, size, timeout: made.append(HashStore(timeout)) or made[-1])
+    rdv.register_scheme("mem", lambda url, rank, size, timeout, joining: made.append(HashStore(timeout)) or made[-1])
     try:
         store, rank, size = rendezvous("mem://", 0, 1, timeout=5)
         assert store is made[0] and store.get("rendezvous/verdict") == b""

@@ -17,9 +17,10 @@ import pytest
 from support.harness import free_port, run_ranks
 
 import allreduce as dist
-from allreduce import tls
 from allreduce.errors import RendezvousError
 from allreduce.rendezvous.tcpstore import TCPStore
+from allreduce.security import Security
+from allreduce.settings import Settings
 from allreduce.transport.tcp import TcpPeering
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -66,37 +67,29 @@ def test_three_ranks_all_reduce_over_tls(certs):
         np.testing.assert_array_equal(x, expect)
 
 
-def _use(monkeypatch, variables: dict[str, str] | None) -> None:
-    """This process's TLS variables from now on: ``variables``, or none."""
-    for name in ("ALLREDUCE_TLS_CERT", "ALLREDUCE_TLS_KEY", "ALLREDUCE_TLS_CA"):
-        if variables is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, variables[name])
+def _use(variables: dict[str, str] | None) -> Security:
+    """The security of a rank with these TLS variables, or none."""
+    return Security.of(Settings.from_env(variables or {}))
 
 
 @pytest.fixture
-def tls_store(certs, monkeypatch):
+def tls_store(certs):
     """A store host with the job's certificate; yields its port."""
-    _use(monkeypatch, certs["job"])
     port = free_port()
-    server = TCPStore("127.0.0.1", port, is_server=True, timeout=5)
+    server = TCPStore("127.0.0.1", port, is_server=True, timeout=5, security=_use(certs["job"]))
     yield port
     server.close()
 
 
-def test_store_refuses_another_cas_certificate_and_plain_clients(certs, monkeypatch, tls_store):
+def test_store_refuses_another_cas_certificate_and_plain_clients(certs, tls_store):
     """A rank whose certificate another CA signed cannot join, at once; one without TLS cannot either."""
-    _use(monkeypatch, certs["other"])
     start = time.monotonic()
     with pytest.raises(RendezvousError, match="TLS: .*(not signed|refused)"):
-        TCPStore("127.0.0.1", tls_store, timeout=5)
+        TCPStore("127.0.0.1", tls_store, timeout=5, security=_use(certs["other"]))
     assert time.monotonic() - start < 4, "a refused certificate is final, not retried until the timeout"
-    _use(monkeypatch, None)
     with pytest.raises(RendezvousError, match="ALLREDUCE_TLS"):  # a plain client: not let in
-        TCPStore("127.0.0.1", tls_store, timeout=1.5)
-    _use(monkeypatch, certs["job"])
-    client = TCPStore("127.0.0.1", tls_store, timeout=5)  # the job's certificate still gets in
+        TCPStore("127.0.0.1", tls_store, timeout=1.5, security=_use(None))
+    client = TCPStore("127.0.0.1", tls_store, timeout=5, security=_use(certs["job"]))  # the job's certificate gets in
     client.set("k", b"v")
     assert client.get("k") == b"v"
     client.close()
@@ -113,14 +106,12 @@ def test_tls_store_closes_on_a_plain_client_that_speaks(tls_store):
 
 
 @pytest.mark.parametrize("dialer", ["other", "plain"])
-def test_link_refuses_a_rank_without_the_jobs_certificate(certs, monkeypatch, dialer):
+def test_link_refuses_a_rank_without_the_jobs_certificate(certs, dialer):
     """A rank's listening side drops a dialer whose certificate another CA signed, or that has none; the
     dialer with another CA's certificate says why."""
-    _use(monkeypatch, certs["job"])
-    listening = TcpPeering(0, 2, "127.0.0.1", "g", b"key")
+    listening = TcpPeering(0, 2, "127.0.0.1", "g", _use(certs["job"]))
     listener, address = listening.listen(4)
-    _use(monkeypatch, certs["other"] if dialer == "other" else None)
-    dialing = TcpPeering(1, 2, "127.0.0.1", "g", b"key")
+    dialing = TcpPeering(1, 2, "127.0.0.1", "g", _use(certs["other"] if dialer == "other" else None))
     answered = []
     thread = threading.Thread(target=lambda: answered.append(listening.answer(listener.accept()[0],
                                                                             time.monotonic() + 3)))
@@ -136,6 +127,6 @@ def test_link_refuses_a_rank_without_the_jobs_certificate(certs, monkeypatch, di
 
 def test_partial_tls_settings_name_the_missing_variable(certs):
     with pytest.raises(ValueError, match="ALLREDUCE_TLS_CA not set"):
-        tls.from_env({"ALLREDUCE_TLS_CERT": certs["job"]["ALLREDUCE_TLS_CERT"],
-                      "ALLREDUCE_TLS_KEY": certs["job"]["ALLREDUCE_TLS_KEY"]})
-    assert tls.from_env({}) is None
+        _use({"ALLREDUCE_TLS_CERT": certs["job"]["ALLREDUCE_TLS_CERT"],
+              "ALLREDUCE_TLS_KEY": certs["job"]["ALLREDUCE_TLS_KEY"]})
+    assert _use(None).tls is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -21,8 +22,9 @@ FAST_START = {"links": {"tcp": {"intra": {"alpha": 1e-7, "beta": 1e-8}}}}  # ban
 
 @pytest.fixture(autouse=True)
 def no_outside_profile(monkeypatch, tmp_path):
-    """Every test sees an empty cache and no profile or algorithm from the environment."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    """Every test sees an empty cache (the default, under the home directory) and no profile or algorithm
+    from the environment."""
+    monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("ALLREDUCE_PROFILE", "ALLREDUCE_ALGO"):
         monkeypatch.delenv(name, raising=False)
 
@@ -35,9 +37,13 @@ def write(tmp_path, data, name="p.json"):
 
 # ---- the profile --------------------------------------------------------------------------------
 
-def test_without_a_file_the_defaults_hold():
+def test_without_a_file_the_defaults_hold(tmp_path):
     assert costmodel.load() is costmodel.DEFAULT
-    assert costmodel.default_path().endswith("allreduce/profile.json")
+    assert costmodel.default_path() == str(tmp_path / ".cache" / "allreduce" / "profile.json")
+    assert costmodel.default_path("/c") == "/c/allreduce/profile.json"
+    path = costmodel.default_path(str(tmp_path / "xdg"))
+    costmodel.save(costmodel.DEFAULT.updated(cores=3), path)
+    assert costmodel.load(cache_home=str(tmp_path / "xdg")).cores == 3
 
 
 def test_a_partial_file_overrides_only_what_it_names(tmp_path):

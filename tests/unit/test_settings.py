@@ -17,7 +17,8 @@ def test_every_variable_lands_in_its_field():
     environ = {"ALLREDUCE_ALGO": "ring", "ALLREDUCE_TRANSPORT": "tcp", "ALLREDUCE_ADDR": "10.0.0.2",
                "ALLREDUCE_HOST_ID": "node7", "ALLREDUCE_TIMELINE": "t.json", "ALLREDUCE_PROFILE": "p.json",
                "ALLREDUCE_DEBUG": "INFO", "ALLREDUCE_TLS_CERT": "c.pem", "ALLREDUCE_TLS_KEY": "k.pem",
-               "ALLREDUCE_TLS_CA": "ca.pem", "ALLREDUCE_DETERMINISTIC": "1"}
+               "ALLREDUCE_TLS_CA": "ca.pem", "ALLREDUCE_DETERMINISTIC": "1", "ALLREDUCE_SECRET": "s",
+               "XDG_CACHE_HOME": "/c"}
     settings = Settings.from_env(environ)
     assert {field: getattr(settings, field) for _, field, _ in VARIABLES} == \
         {field: environ[name] for name, field, _ in VARIABLES}

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-import allreduce
-
+from .. import __version__
 from . import bench, info, launcher, plan, simulate, soak, tune
 
 COMMANDS = (launcher, bench, tune, plan, simulate, soak, info)  # modules that each add one subcommand
@@ -20,7 +19,7 @@ COMMANDS = (launcher, bench, tune, plan, simulate, soak, info)  # modules that e
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand of :data:`COMMANDS` added."""
     parser = argparse.ArgumentParser(prog="allreduce", description="Collective communication for Python processes.")
-    parser.add_argument("--version", action="version", version=f"allreduce {allreduce.__version__}")
+    parser.add_argument("--version", action="version", version=f"allreduce {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(subparsers)

@@ -16,11 +16,10 @@ import os
 import platform
 import sys
 
-import allreduce
-from allreduce import rendezvous
-from allreduce.cli import variables
-from allreduce.planner import costmodel
-from allreduce.transport import cma, shm, shmseg
+from .. import __version__, rendezvous
+from ..planner import costmodel
+from ..transport import cma, shm, shmseg
+from . import variables
 
 PACKAGES = ("numpy", "ml_dtypes", "torch", "rich", "matplotlib", "mpi4py")  # versions reported, when installed
 SECRETS = ("ALLREDUCE_SECRET",)  # set or not, never the value
@@ -29,7 +28,7 @@ SECRETS = ("ALLREDUCE_SECRET",)  # set or not, never the value
 def report(environ: dict[str, str] | None = None) -> list[str]:
     """The lines of the report, for the environment ``environ`` (default: this process's)."""
     env = dict(os.environ if environ is None else environ)
-    lines = [f"allreduce {allreduce.__version__}",
+    lines = [f"allreduce {__version__}",
              f"python {platform.python_version()} ({platform.python_implementation()}, {sys.executable})",
              f"platform {platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs"]
     lines.append("packages: " + ", ".join(f"{name} {_version(name)}" for name in PACKAGES))
@@ -73,7 +72,7 @@ def _cross_memory() -> str:
 def profile_in_use(env: dict[str, str]) -> str:
     """Which cost profile the planner reads: ``ALLREDUCE_PROFILE``, the user's cache, or the built-in one."""
     named = env.get("ALLREDUCE_PROFILE")
-    path = named or costmodel.default_path()
+    path = named or costmodel.default_path(env.get("XDG_CACHE_HOME", ""))
     if os.path.exists(path):
         return f"{path} ({'ALLREDUCE_PROFILE' if named else 'written by `allreduce tune`'})"
     if named:

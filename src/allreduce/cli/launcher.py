@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from allreduce.cli.tracebacks import Condenser
+from .tracebacks import Condenser
 
 _EXIT_NOT_FOUND = 127  # the shell's code for a command that cannot be started
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal the calling process gets when its parent dies

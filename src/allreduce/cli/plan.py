@@ -11,14 +11,14 @@ import argparse
 
 import numpy as np
 
-from allreduce import algorithms, collectives, dtypes, planner
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.sim import simulate
-from allreduce.sim.sweep import format_bytes
+from .. import algorithms, collectives, dtypes, planner
+from ..planner import costmodel
+from ..settings import Settings
+from ..sim import simulate
+from ..sim.sweep import format_bytes
 
 from . import launcher
-from .simulate import itemsize_of, line_limits, size_arg
+from .simulate import itemsize_of, line_limits, profile_named, size_arg
 from .tune import describe
 
 
@@ -51,7 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand."""
     try:
-        profile = costmodel.load(args.profile or Settings.from_env().profile)
+        profile = profile_named(args.profile)
         if args.cores is not None:
             profile = profile.updated(cores=args.cores)
         network = profile.network(args.hosts, args.dtype)

@@ -13,18 +13,18 @@ import dataclasses
 import re
 import time
 
-from allreduce import algorithms, dtypes, planner
-from allreduce.model.network import Network
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.sim import simulate
-from allreduce.sim.sweep import crossovers, fastest, format_bytes, plot, sweep
-from allreduce.trace import Trace
-from allreduce.transport.shm.options import ShmOptions
+from .. import algorithms, dtypes, planner
+from ..model.network import Network
+from ..planner import costmodel
+from ..settings import Settings
+from ..sim import simulate
+from ..sim.sweep import crossovers, fastest, format_bytes, plot, sweep
+from ..trace import Trace
+from ..transport.shm.options import ShmOptions
 
 from . import checks, launcher
+from .measuring import parse_size, sizes as sweep_sizes
 from .progress import Progress
-from .bench import parse_size, sizes as sweep_sizes
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -52,9 +52,15 @@ def parse_per_byte(text: str) -> float:
     return 1 / bytes_per_second
 
 
+def profile_named(path: str | None) -> costmodel.Profile:
+    """The cost profile at ``path`` (``--profile``), else ``ALLREDUCE_PROFILE``'s, else the user's cache's."""
+    settings = Settings.from_env()
+    return costmodel.load(path or settings.profile, settings.cache_home)
+
+
 def network_from_args(args: argparse.Namespace, transport: str = "tcp") -> Network:
     """The profile's network for ``--hosts``, ``--dtype`` and ``transport``, with the flags' replacements."""
-    network = costmodel.load(args.profile or Settings.from_env().profile).network(args.hosts, args.dtype, transport)
+    network = profile_named(args.profile).network(args.hosts, args.dtype, transport)
     uniform = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("duplex", args.duplex),
                                  ("step", args.step)) if v is not None}
     inter = {k: v for k, v in (("alpha", args.inter_alpha), ("beta", args.inter_beta),
@@ -187,7 +193,7 @@ def itemsize_of(name: str) -> int:
 
 
 def size_arg(text: str) -> int:
-    """argparse type for sizes such as ``64MiB`` (see :func:`allreduce.cli.bench.parse_size`)."""
+    """argparse type for sizes such as ``64MiB`` (see :func:`allreduce.cli.measuring.parse_size`)."""
     try:
         return parse_size(text)
     except ValueError as exc:

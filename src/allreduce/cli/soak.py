@@ -34,10 +34,10 @@ from typing import Callable
 import numpy as np
 
 import allreduce as dist
-from allreduce import algorithms, dtypes
-from allreduce.cli import launcher
-from allreduce.cli.progress import Progress
-from allreduce.ops import ReduceOp, allowed_ops
+from .. import algorithms, dtypes
+from ..ops import ReduceOp, allowed_ops
+from . import launcher
+from .progress import Progress
 
 KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
          "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "barrier", "send_recv")

@@ -15,12 +15,10 @@ import os
 import re
 import sysconfig
 
-import allreduce
-
 _CHAIN = (b"Traceback (most recent call last):", b"During handling of the above exception",
           b"The above exception was the direct cause")  # lines that continue a traceback after its error, or blank
 _FRAME = re.compile(rb'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_HIDDEN = (os.path.dirname(allreduce.__file__).encode(), sysconfig.get_paths()["stdlib"].encode())
+_HIDDEN = (os.path.dirname(os.path.dirname(__file__)).encode(), sysconfig.get_paths()["stdlib"].encode())
 
 
 class Condenser:

@@ -44,13 +44,13 @@ import time
 import numpy as np
 
 import allreduce as dist
-from allreduce import dtypes
-from allreduce.cli import launcher
-from allreduce.planner import costmodel
-from allreduce.settings import Settings
-from allreduce.ops import ReduceOp, kernel
-from allreduce.model.network import Link, Network
-from allreduce.transport import shm
+from .. import dtypes
+from ..model.network import Link, Network
+from ..ops import ReduceOp, kernel
+from ..planner import costmodel
+from ..settings import Settings
+from ..transport import shm
+from . import launcher
 
 EXCHANGE_SIZES = (8, 64, 512, 4 << 10, 1 << 20, 4 << 20, 16 << 20)
 PING_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -256,7 +256,8 @@ def transports(requested: str, scope: str) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Run the ``tune`` subcommand: start two ranks per transport (or be one), measure, store, print."""
-    output = args.output or Settings.from_env().profile or costmodel.default_path()
+    settings = Settings.from_env()
+    output = args.output or settings.profile or costmodel.default_path(settings.cache_home)
     try:
         chosen = transports(args.transport, args.scope)
     except ValueError as exc:
@@ -278,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if len(chosen) != 1:
         args.error("with --job, name the transport the job uses: --transport tcp or shm")
-    if Settings.from_env().transport != chosen[0]:
+    if settings.transport != chosen[0]:
         args.error(f"with --job, run the job with ALLREDUCE_TRANSPORT={chosen[0]}, the transport it measures")
     try:
         dist.init_process_group()

@@ -12,16 +12,14 @@ import dataclasses
 import inspect
 import re
 
-from allreduce import settings
-from allreduce.transport.shm import ShmOptions
-from allreduce.transport.shm.options import PREFIX as SHM_PREFIX
+from .. import settings
+from ..transport.shm import ShmOptions
+from ..transport.shm.options import PREFIX as SHM_PREFIX
 
 LAUNCH = (  # (variable, meaning): what `allreduce run` reads and what it sets for each worker
     ("ALLREDUCE_NPROC", "workers per node for `allreduce run` (its `-n`)"),
     ("ALLREDUCE_NNODES", "nodes in the job for `allreduce run` (its `--nnodes`)"),
     ("ALLREDUCE_NODE_RANK", "this node's index for `allreduce run` (its `--node-rank`)"),
-    ("ALLREDUCE_SECRET", "the job's shared secret that authenticates every connection; `allreduce run` makes "
-     "one for a single node, several nodes must share one"),
     ("ALLREDUCE_JOB_ID", "set by `allreduce run` for its workers: which job they belong to"),
 )
 RENDEZVOUS = (  # (variable, meaning): the launcher environments env:// reads
@@ -45,7 +43,7 @@ LAUNCHER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "MASTER_", "T
 
 
 def library() -> list[tuple[str, str]]:
-    """``(variable, meaning)`` of every ``ALLREDUCE_*`` variable, the library's settings first."""
+    """``(variable, meaning)`` of every variable the library reads, its settings first."""
     rows = [(name, meaning) for name, _, meaning in settings.VARIABLES]
     comments = field_comments(ShmOptions)
     for field in dataclasses.fields(ShmOptions):

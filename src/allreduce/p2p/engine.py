@@ -7,7 +7,8 @@ rank that sends dials (:func:`..transport.mesh.dial`, the hello and challenge-re
 connection it dialed, in order. The receiver answers on the same connection with control frames. A
 pair that sends both ways has two connections; no dial ever races another.
 
-Whatever arrives is read at once (:mod:`.progress` says by which thread): an envelope
+Whatever arrives is read at once (:mod:`.progress` says by which thread, :mod:`.receiving` what is done
+with it): an envelope
 (:func:`..wire.message`) is matched (:mod:`.matching`) with the posted receives; an eager payload goes
 straight into the matched receive's array, or into memory kept until a receive is posted. Posting a
 receive matches it against what has arrived, and a send whose link is idle goes into the kernel before
@@ -28,7 +29,7 @@ once its receive is posted and its bytes have moved. Messages to oneself are cop
 then fails with :class:`CommTimeout` naming the peer, tag and number. An operation nobody waits for
 has no deadline. **Failure.** A peer that exits closes its links: the operations that needed it fail
 at once with :class:`PeerLost`. Any error breaks the engine as it breaks the group (``on_failure``):
-every pending operation fails, peers get ABORT frames with the reason, later calls raise.
+every pending operation fails, peers get ABORT frames with the reason, later calls raise (:mod:`.failure`).
 """
 
 from __future__ import annotations
@@ -39,19 +40,19 @@ import time
 
 import numpy as np
 
-from .. import auth, wire
-from ..dtypes import dtype_of
-from ..errors import AllreduceError, CommTimeout, GroupBroken, Mismatch, PeerLost, ProtocolError, with_peer
+from .. import wire
+from ..errors import AllreduceError, CommTimeout, PeerLost, with_peer
+from ..security import Security
 from ..transport.tcp import TcpPeering
 from . import nearby
+from .failure import Failing
 from .link import Link
 from .matching import Matcher
-from .ops import WINDOW, Message, Op, P2PWork, Peer, Recv, Send
 from .progress import Progress
+from .receiving import Receiving
+from .records import OVERHEAD, Message, Op, P2PWork, Peer, Recv, Send
 
 EAGER_MAX = 1 << 16  # bytes: larger messages are announced, and move once their receive is posted
-OVERHEAD = 256  # bytes each eager message counts against the window beyond its payload (bookkeeping)
-ORPHAN_S = 0.5  # seconds receives from a peer wait, once the link to it closed, for one from it to appear
 TAG_UB = (1 << 31) - 1  # the largest tag
 
 
@@ -68,7 +69,7 @@ class P2PPeering(TcpPeering):
                                      f"connection refused, so rank {peer} exited or failed"), peer) from exc
 
 
-class Engine(Progress):
+class Engine(Receiving, Failing, Progress):
     """Point-to-point messages among the ranks of one group; see the module docstring.
 
     Made by :meth:`start` when the group forms; ``on_failure(error)`` is called (outside every lock)
@@ -103,13 +104,15 @@ class Engine(Progress):
         self._start_progress(name)
 
     @classmethod
-    def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float) -> "Engine":
-        """Listen on ``host``, publish the address in ``store`` and start the progress thread.
+    def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float,
+              security: Security) -> "Engine":
+        """Listen on ``host``, publish the address in ``store`` and start the progress thread; links
+        prove themselves with ``security``.
 
         Raises:
             OSError: cannot listen. CommTimeout/RendezvousError: the store is unreachable.
         """
-        peering = P2PPeering(rank, size, host, f"{name}/p2p", auth.job_key(), [r for r in range(size) if r != rank])
+        peering = P2PPeering(rank, size, host, f"{name}/p2p", security, [r for r in range(size) if r != rank])
         listener, address = peering.listen(max(size, 16))
         try:
             store.set(f"{P2PPeering.kind}/{rank}", address.encode())
@@ -266,148 +269,6 @@ class Engine(Progress):
         if link.out and not self._polling():
             self._wake()
 
-    # ---- receiving -------------------------------------------------------------------------------
-
-    def _on_header(self, link: Link, header: wire.Header) -> None:
-        """A frame from ``link``'s peer (a poller, under the lock)."""
-        peer = self._peers[link.peer]
-        kind = header.kind
-        if kind == wire.MESSAGE and not link.dialed:
-            eager = header.step == wire.EAGER
-            nbytes = header.nbytes if eager else header.count * dtype_of(header.dtype).itemsize
-            message = Message(link.peer, header.root, header.seq, header.dtype, header.count, nbytes, eager)
-            if not eager:  # the address of its payload follows; it is matched once that is in, in order
-                where = bytearray(wire.WHERE.size)
-                link.expect(memoryview(where), lambda: self._announced(message, where))
-                return
-            receive = self._matcher.arrive(message, keep=False)
-            if receive is not None:
-                if self._fits(receive, message):
-                    view = self._destination(receive, message)
-                    receive.got = message
-                    self._expect(link, view, lambda: self._taken_eager(receive, message))
-            else:
-                message.data = bytearray(nbytes)
-                self._expect(link, memoryview(message.data), lambda: self._kept(message))
-        elif kind == wire.PAYLOAD and not link.dialed:
-            receive, view = peer.cleared.pop(header.seq, (None, None))
-            if receive is None or header.nbytes != view.nbytes:
-                raise with_peer(ProtocolError(f"rank {link.peer} sent {header.nbytes} bytes for message "
-                                              f"#{header.seq}, which this rank did not clear"), link.peer)
-            self._expect(link, view, lambda: self._finish(receive))
-        elif kind == wire.CLEAR and link.dialed:
-            op = peer.announced.pop(header.seq, None)
-            if op is None:
-                raise with_peer(ProtocolError(f"rank {link.peer} cleared message #{header.seq}, which this rank "
-                                              "did not announce"), link.peer)
-            op.state = "sending"
-            link.push(wire.control(wire.PAYLOAD, op.number, op.nbytes), op.payload, lambda: self._finish(op))
-        elif kind == wire.TAKEN and link.dialed:
-            op = peer.announced.pop(header.seq, None)
-            if op is None:
-                raise with_peer(ProtocolError(f"rank {link.peer} took message #{header.seq}, which this rank "
-                                              "did not announce"), link.peer)
-            self._finish(op)
-        elif kind == wire.CREDIT and link.dialed:
-            peer.credit += header.count
-        elif kind == wire.IDENT and not link.dialed:
-            identity = bytearray(wire.IDENTITY.size)
-            link.expect(memoryview(identity), lambda: setattr(peer, "reader", nearby.reader_for(link.sock, identity)))
-        else:
-            raise with_peer(ProtocolError(f"rank {link.peer} sent a frame of kind {kind} on a "
-                                          f"{'dialed' if link.dialed else 'accepted'} point-to-point link"), link.peer)
-
-    def _expect(self, link: Link, view: memoryview, then) -> None:
-        if view.nbytes:
-            link.expect(view, then)
-        else:
-            then()
-
-    def _announced(self, message: Message, where: bytearray) -> None:
-        message.address = wire.WHERE.unpack(where)[0]
-        receive = self._matcher.arrive(message)
-        if receive is not None:
-            self._take(receive, message)
-
-    def _kept(self, message: Message) -> None:
-        """An eager message no receive had taken is all in: a receive posted meanwhile takes it, or it waits."""
-        receive = self._matcher.arrive(message)
-        if receive is not None:
-            self._take(receive, message)
-
-    def _take(self, receive: Recv, message: Message) -> None:
-        """``receive`` takes ``message`` (under the lock): its payload now, or once cleared."""
-        if not self._fits(receive, message):
-            return
-        receive.got = message
-        if message.eager:
-            if receive.array is None and isinstance(message.data, bytearray):
-                receive.data = message.data  # made for it on arrival: no copy
-            elif message.nbytes:
-                self._destination(receive, message)[:] = message.data
-            else:
-                self._destination(receive, message)
-            self._taken_eager(receive, message)
-            return
-        peer = self._peers[message.source]
-        if peer.in_lost is not None:
-            self._lost(receive, peer.in_lost)
-            return
-        view = self._destination(receive, message)
-        if peer.reader is not None:  # on this host: copy it out of the sender's memory (see .nearby)
-            try:
-                if message.nbytes:
-                    peer.reader.read(nearby.address_of(view), message.address, message.nbytes)
-            except OSError:  # refused after all: it comes over the link
-                peer.reader = None
-            else:
-                self._control(peer, wire.control(wire.TAKEN, message.number))
-                self._finish(receive)
-                return
-        peer.cleared[message.number] = (receive, view)
-        self._control(peer, wire.control(wire.CLEAR, message.number))
-
-    def _taken_eager(self, receive: Recv, message: Message) -> None:
-        self._finish(receive)
-        if message.source != self.rank:
-            peer = self._peers[message.source]
-            peer.owed += message.nbytes + OVERHEAD
-            if peer.owed >= WINDOW // 4:
-                self._control(peer, wire.control(wire.CREDIT, nbytes=peer.owed))
-                peer.owed = 0
-
-    def _control(self, peer: Peer, frame: bytes) -> None:
-        """A frame back to the sender, on the link its messages come on."""
-        link = peer.inn
-        if link is None or link.closed:
-            return
-        idle = not link.out
-        link.push(frame)
-        if idle:
-            self._flush(link)
-
-    def _fits(self, receive: Recv, message: Message) -> bool:
-        """Whether ``message`` may land in ``receive``; if not, fail it with :class:`Mismatch`."""
-        array = receive.array
-        if array is None or (message.nbytes <= array.nbytes if not receive.exact
-                             else receive.dtype == message.dtype and receive.count == message.count):
-            return True
-        if receive.exact:
-            have = f"expects {receive.count} x {dtype_of(receive.dtype)}"
-            sent = f"{message.count} x {dtype_of(message.dtype)}"
-        else:
-            have, sent = f"has room for {array.nbytes} bytes", f"{message.nbytes} bytes (message truncated)"
-        self._fail(with_peer(Mismatch(f"rank {self.rank}/{self.size}: {receive.what} {have} but rank "
-                                      f"{message.source} sent {sent} in its send #{message.number} "
-                                      f"(tag {message.tag})"), message.source), receive)
-        return False
-
-    def _destination(self, receive: Recv, message: Message) -> memoryview:
-        if receive.array is None:
-            receive.data = bytearray(message.nbytes)
-            return memoryview(receive.data)
-        return memoryview(receive.array.view(np.uint8).reshape(-1))[:message.nbytes]
-
     # ---- settling --------------------------------------------------------------------------------
 
     def _finish(self, op: Op, error: BaseException | None = None) -> None:
@@ -452,134 +313,3 @@ class Engine(Progress):
         for op in self._pending:
             if isinstance(op, Send) and op.dest == rank and op.state == "connecting":
                 op.state = "sending"
-
-    def _link_lost(self, link: Link | None, error: AllreduceError, peer: Peer | None = None) -> None:
-        """``link`` (or, if ``None``, the one ``peer`` could not dial) is gone: fail what needed it."""
-        peer = peer or self._peers[link.peer]
-        also = None
-        if link is not None:
-            link.shutdown(socket.SHUT_RDWR)
-            link.dead = True
-            self._wake()
-            other = peer.inn if link is peer.out else peer.out
-            if " aborted: " not in str(error) and other is not None and not (other.dead or other.closed):
-                try:  # a peer that gave up sent its reason on every link: it may already be in on the other
-                    other.pump(self._on_header)
-                except PeerLost as exc:
-                    also = exc
-                    if " aborted: " in str(exc):
-                        error = with_peer(PeerLost(str(exc)), peer.rank)
-                except AllreduceError:
-                    pass
-        known = peer.out_lost or peer.in_lost
-        if known is not None and " aborted: " in str(known) and " aborted: " not in str(error):
-            error = known  # the reason it gave, read on its other link before this one closed
-        outgoing = link is None or link.dialed
-        if outgoing:
-            peer.out_lost = peer.out_lost or error
-            peer.backlog = []
-            if peer.inn is None:  # nothing from it can arrive, unless its own link is being answered
-                peer.orphan_at = time.monotonic() + ORPHAN_S
-                self._wake()
-        else:
-            peer.in_lost = peer.in_lost or error
-        for op in sorted(self._pending, key=lambda o: o.number):
-            if self._needs(op, peer, outgoing):
-                self._lost(op, error)
-                break
-        if also is not None:
-            self._link_lost(peer.inn if link is peer.out else peer.out, also)
-
-    def _needs(self, op: Op, peer: Peer, outgoing: bool) -> bool:
-        """Whether ``op`` cannot finish without the link to (``outgoing``) or from ``peer``."""
-        if isinstance(op, Send):
-            return outgoing and op.dest == peer.rank
-        if outgoing:
-            return False
-        return op.source == peer.rank or any(r is op for r, _ in peer.cleared.values())
-
-    def _lost(self, op: Op, error: AllreduceError) -> None:
-        """``op`` cannot finish: its peer is gone. A peer that aborted on a mismatch makes it a
-        :class:`Mismatch` here too (it was this rank's call that did not match), as the group does."""
-        text = f"rank {self.rank}/{self.size}: {op.what}: {error}"
-        kind = Mismatch if " aborted: Mismatch: " in text else PeerLost
-        self._fail(with_peer(kind(text), self._peer_of(op)), op)
-
-    def _orphans(self) -> float | None:
-        """Fail receives from peers whose link closed and none came from them; seconds to the next check."""
-        now, soonest = time.monotonic(), None
-        for peer in self._peers.values():
-            if peer.orphan_at is None:
-                continue
-            if peer.inn is not None:
-                peer.orphan_at = None
-            elif now >= peer.orphan_at:
-                peer.orphan_at = None
-                peer.in_lost = peer.in_lost or peer.out_lost
-                for op in sorted(self._pending, key=lambda o: o.number):
-                    if self._needs(op, peer, outgoing=False):
-                        self._lost(op, peer.in_lost)
-                        break
-            else:
-                soonest = min(soonest or peer.orphan_at, peer.orphan_at)
-        return None if soonest is None else max(0.0, soonest - now)
-
-    # ---- failure ---------------------------------------------------------------------------------
-
-    def _fail(self, error: AllreduceError, culprit: Op | None = None) -> None:
-        """Break the engine (under the lock): ``culprit`` fails with ``error``, every other pending
-        operation with :class:`GroupBroken` naming it; peers get ABORT frames; ``on_failure`` is told."""
-        if self._failure is not None:
-            if culprit is not None:
-                self._finish(culprit, error)
-            return
-        self._failure = self._told = error
-        self._abort_all(f"{type(error).__name__}: {error}", error, culprit)
-
-    def _abort_all(self, reason: str, error: AllreduceError, culprit: Op | None) -> None:
-        for op in sorted(self._pending, key=lambda o: o.number):
-            if op is culprit:
-                self._finish(op, error)
-            else:
-                self._finish(op, GroupBroken(f"rank {self.rank}/{self.size}: {op.what} cannot finish: point-to-point "
-                                             f"on process group '{self.name}' failed: {error}"))
-        frame = wire.abort_frame(reason)
-        for peer in self._peers.values():
-            peer.backlog = []
-            for link in (peer.out, peer.inn):
-                if link is not None:
-                    link.abort(frame)
-                    link.dead = True
-        self._cv.notify_all()
-        self._wake()
-
-    def abort(self, reason: str) -> None:
-        """The group failed (``reason``): fail every pending operation and tell the peers. Idempotent."""
-        with self._cv:
-            if self._failure is None:
-                self._failure = GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' failed: "
-                                            f"{reason}")
-                self._abort_all(reason, self._failure, None)
-            done = self._settle()
-        self._resolve(done)
-
-    def _check(self) -> None:
-        if self._closed:
-            raise GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' was destroyed")
-        if self._failure is not None:
-            raise GroupBroken(f"rank {self.rank}/{self.size}: process group '{self.name}' is unusable after an "
-                              f"earlier failure; destroy it and form a new one. The failure was: {self._failure}")
-
-    def _peer_of(self, op: Op) -> int | None:
-        if isinstance(op, Send):
-            return op.dest
-        return op.got.source if op.got is not None else op.source
-
-    def _waiting_for(self, op: Op) -> str:
-        if isinstance(op, Send):
-            return {"connecting": f"waiting to connect to rank {op.dest}",
-                    "announced": f"waiting for rank {op.dest} to post a matching receive"}.get(
-                        op.state, f"waiting to send to rank {op.dest}")
-        if op.got is not None:
-            return f"receiving its payload from rank {op.got.source}"
-        return f"waiting for a matching send from {'any rank' if op.source is None else f'rank {op.source}'}"

@@ -32,7 +32,7 @@ __all__ = ["LineLimits", "choose", "on_lines", "options"]
 
 
 def choose(collective: str, requested: str | None, nbytes: int, size: int, *, hosts: int = 1,
-           dtype=None, transport: str = "tcp", forced: str = "auto", profile: str = "",
+           dtype=None, transport: str = "tcp", forced: str = "auto", profile: str = "", cache_home: str = "",
            in_rank_order: bool = False, lines: LineLimits | None = None) -> str:
     """The registered algorithm to run.
 
@@ -46,7 +46,8 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
         dtype: element type (its reduction speed matters), default float32.
         transport: the transport between ranks of one host.
         forced: the job's forced algorithm (``ALLREDUCE_ALGO``), used where ``collective`` has it.
-        profile: the cost profile file (default: the user's cache, else built-in defaults).
+        profile: the cost profile file (default: the one in ``cache_home``, else built-in defaults).
+        cache_home: the user's cache directory (``XDG_CACHE_HOME``; "": ``~/.cache``).
         in_rank_order: choose only among algorithms that reduce in rank order (deterministic mode).
         lines: what the group's shared-memory lines take, where its transport has them.
 
@@ -65,8 +66,8 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
     elif (taken := on_lines(collective, nbytes, dtype.itemsize, lines)) in allowed:
         return taken
     whole = nbytes * size if collectives.get(collective).split else nbytes
-    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport, costmodel.load(profile),
-                 algorithms.anywhere(collective, allowed))
+    return _best(collective, whole, size, hosts, str(dtype), dtype.itemsize, transport,
+                 costmodel.load(profile, cache_home), algorithms.anywhere(collective, allowed))
 
 
 def on_lines(collective: str, nbytes: int, itemsize: int, lines: LineLimits | None) -> str | None:

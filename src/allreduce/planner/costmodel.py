@@ -118,15 +118,15 @@ def _default() -> Profile:
 DEFAULT = _default()
 
 
-def default_path() -> str:
+def default_path(cache_home: str = "") -> str:
     """Where ``allreduce tune`` stores the profile and :func:`load` looks for it when no file is named:
-    ``$XDG_CACHE_HOME/allreduce/profile.json`` (``~/.cache/...`` when unset)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    ``allreduce/profile.json`` in ``cache_home`` (``XDG_CACHE_HOME`` as the edge read it; "": ``~/.cache``)."""
+    cache = cache_home or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "allreduce", "profile.json")
 
 
-def load(path: str | None = None) -> Profile:
-    """The profile at ``path`` (default :func:`default_path`) over :data:`DEFAULT`.
+def load(path: str | None = None, cache_home: str = "") -> Profile:
+    """The profile at ``path`` (default :func:`default_path` of ``cache_home``) over :data:`DEFAULT`.
 
     A missing file at the default place gives :data:`DEFAULT`; the file is read again only when it
     changes.
@@ -135,7 +135,7 @@ def load(path: str | None = None) -> Profile:
         ValueError: the file named by ``path`` is missing or malformed.
     """
     explicit = bool(path)
-    path = path or default_path()
+    path = path or default_path(cache_home)
     try:
         stamp = os.stat(path).st_mtime_ns
     except FileNotFoundError:

@@ -28,12 +28,12 @@ def use_deterministic_algorithms(mode: bool) -> None:
     _chosen = bool(mode)
 
 
-def enabled(settings: Settings | None = None) -> bool:
+def enabled(settings: Settings) -> bool:
     """Whether deterministic mode is on: as last set by :func:`use_deterministic_algorithms`, else as
-    ``settings`` (default: the environment now) say."""
+    the group's ``settings`` say."""
     if _chosen is not None:
         return _chosen
-    return (settings or Settings.from_env()).deterministic == "1"
+    return settings.deterministic == "1"
 
 
 def required(settings: Settings, op: ReduceOp, dtype: np.dtype) -> bool:

@@ -18,13 +18,13 @@ each part lives in a module of its own:
 
 from __future__ import annotations
 
-from allreduce.rendezvous.contents import StoreLimits
-from allreduce.rendezvous.environment import LaunchInfo, from_environment
-from allreduce.rendezvous.filestore import FileStore
-from allreduce.rendezvous.join import LEFT_KEY, rendezvous
-from allreduce.rendezvous.schemes import Scheme, register_scheme, unregister_scheme
-from allreduce.rendezvous.store import HashStore, PrefixStore, Store
-from allreduce.rendezvous.tcpstore import TCPStore
+from .contents import StoreLimits
+from .environment import LaunchInfo, from_environment
+from .filestore import FileStore
+from .join import LEFT_KEY, rendezvous
+from .schemes import Joining, Scheme, register_scheme, unregister_scheme
+from .store import HashStore, PrefixStore, Store
+from .tcpstore import TCPStore
 
-__all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Store", "PrefixStore",
-           "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]
+__all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Joining", "Store",
+           "PrefixStore", "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allreduce.rendezvous import storewire as wire
+from . import storewire as wire
 
 ENTRY_BYTES = 128  # bytes counted per key beyond its key and value: what a dict entry and its objects cost
 

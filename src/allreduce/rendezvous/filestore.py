@@ -22,11 +22,11 @@ import os
 import threading
 import time
 
-from allreduce.errors import ProtocolError, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import Contents
-from allreduce.rendezvous.store import Store, apply_request, deadline, timed_out
-from allreduce.settings import DEFAULT_TIMEOUT
+from ..errors import ProtocolError, RendezvousError
+from ..settings import DEFAULT_TIMEOUT
+from . import storewire as wire
+from .contents import Contents
+from .store import Store, apply_request, deadline, timed_out
 
 _FIRST_PAUSE = 0.001  # seconds between the first polls of a waiting get
 _LAST_PAUSE = 0.05  # the longest pause between polls

@@ -1,8 +1,8 @@
 """Meeting the other ranks: :func:`rendezvous` settles who this rank is, builds the store, and waits.
 
 It changes when the join protocol does; which store a URL names is :mod:`.schemes`. Rank and world
-size come from the argument, else the URL's ``?rank=&world_size=``, else the launcher's environment
-(:mod:`.environment`).
+size come from the argument, else the URL's ``?rank=&world_size=``, else the launcher's variables that
+the caller read (:mod:`.environment`) and passed in a :class:`~.schemes.Joining`.
 
 The join barrier: every rank writes its world size under its rank's key and counts itself in;
 rank 0 waits for every rank's key, compares the world sizes and publishes a verdict the others
@@ -21,13 +21,13 @@ from __future__ import annotations
 import time
 from urllib.parse import SplitResult, parse_qs
 
-from allreduce import logs
-from allreduce.errors import CommTimeout, PeerLost, RendezvousError
-from allreduce.rendezvous.environment import from_environment
-from allreduce.rendezvous.schemes import Scheme, lookup
-from allreduce.rendezvous.store import Store, listing
-from allreduce.rendezvous.tcpstore import TCPStore
-from allreduce.settings import DEFAULT_TIMEOUT
+from .. import logs
+from ..errors import CommTimeout, PeerLost, RendezvousError
+from ..settings import DEFAULT_TIMEOUT
+from .environment import LaunchInfo
+from .schemes import Joining, Scheme, lookup
+from .store import Store, listing
+from .tcpstore import TCPStore
 
 REPORT_S = 5.0  # seconds between the lines that say the rendezvous is still waiting
 _log = logs.get("rendezvous")
@@ -35,7 +35,7 @@ LEFT_KEY = "rendezvous/left"  # the count of ranks that left the group: a store 
 
 
 def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int = -1,
-               timeout: float = DEFAULT_TIMEOUT) -> tuple[Store, int, int]:
+               timeout: float = DEFAULT_TIMEOUT, joining: Joining = Joining()) -> tuple[Store, int, int]:
     """Meet the other ranks at ``init_method``; return the shared store, this rank and the world size.
 
     Every rank returns only once all ``world_size`` ranks have joined. The caller owns the store
@@ -44,9 +44,11 @@ def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int =
     Args:
         init_method: ``env://`` (the default, for ``None``), ``tcp://host:port``, ``file:///path``,
             or a scheme added by :func:`~.schemes.register_scheme`.
-        rank, world_size: -1 means "from the URL's query, else from the environment".
+        rank, world_size: -1 means "from the URL's query, else from ``joining.launch``".
         timeout: seconds for every rank to join, and the store's default wait (default: the group's
             timeout, 10 minutes).
+        joining: the launcher's variables and the job's key and TLS, as the edge read them
+            (``init_process_group`` passes ``Joining(from_environment(), Security.of(settings))``).
 
     Returns:
         ``(store, rank, world_size)``.
@@ -67,10 +69,10 @@ def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int =
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     url, build = lookup(init_method)
-    rank, world_size = _identify(url, rank, world_size)
+    rank, world_size = _identify(url, rank, world_size, joining.launch)
     logs.tag(rank)
     due = time.monotonic() + timeout
-    store = _fresh(build, url, rank, world_size, timeout)
+    store = _fresh(build, url, rank, world_size, timeout, joining)
     _log.info("rank %d/%d: rendezvous at %r%s", rank, world_size, store,
               " (hosted by this rank)" if getattr(store, "is_server", False) else "")
     try:
@@ -81,13 +83,12 @@ def rendezvous(init_method: str | None = None, rank: int = -1, world_size: int =
     return store, rank, world_size
 
 
-def _identify(url: SplitResult, rank: int, world_size: int) -> tuple[int, int]:
-    """Settle rank and world size: argument, else URL query, else the launcher's environment."""
+def _identify(url: SplitResult, rank: int, world_size: int, launch: LaunchInfo) -> tuple[int, int]:
+    """Settle rank and world size: argument, else URL query, else the launcher's variables."""
     query = parse_qs(url.query)
     rank = _from_query("rank", rank, query)
     world_size = _from_query("world_size", world_size, query)
     if -1 in (rank, world_size):
-        launch = from_environment()
         if rank == -1:
             rank = _required(launch.rank, "rank", "RANK")
         if world_size == -1:
@@ -119,13 +120,14 @@ def _required(value: int | None, argument: str, variable: str) -> int:
     return value
 
 
-def _fresh(build: Scheme, url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
+def _fresh(build: Scheme, url: SplitResult, rank: int, world_size: int, timeout: float,
+           joining: Joining) -> Store:
     """The store ``build`` makes, once it is not an ended group's (see the module docstring): a TCP
     client dials again for up to ``timeout`` seconds, any other store holding :data:`LEFT_KEY` is stale."""
     due = time.monotonic() + timeout
     pause = 0.01
     while True:
-        store = build(url, rank, world_size, timeout)
+        store = build(url, rank, world_size, timeout, joining)
         try:
             if not store.check([LEFT_KEY]):
                 return store

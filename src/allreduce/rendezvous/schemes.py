@@ -1,8 +1,9 @@
 """Which store an ``init_method`` names: a small registry of URL schemes, and the three built in.
 
 It changes when a way of meeting is added or changed; what happens on the store once it is built
-is :mod:`.join`. A scheme is a function ``build(url, rank, world_size, timeout)`` that returns the
-store, with rank and world size already settled:
+is :mod:`.join`. A scheme is a function ``build(url, rank, world_size, timeout, joining)`` that returns
+the store, with rank and world size already settled; :class:`Joining` carries what the edge read for it
+(the launcher's variables, the job's key and TLS), so that no scheme reads the environment:
 
 - ``env://`` (the default): rank 0 hosts a :class:`TCPStore` at MASTER_ADDR:MASTER_PORT, bound to
   MASTER_ADDR, and every rank connects to it. Under torchrun, whose agent already hosts a store
@@ -16,26 +17,42 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from allreduce.errors import RendezvousError
-from allreduce.rendezvous.environment import LaunchInfo, from_environment
-from allreduce.rendezvous.filestore import FileStore
-from allreduce.rendezvous.store import Store
-from allreduce.rendezvous.tcpstore import TCPStore
+from ..errors import RendezvousError
+from ..security import Security
+from .environment import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, LaunchInfo
+from .filestore import FileStore
+from .store import Store
+from .tcpstore import TCPStore
 
-Scheme = Callable[[SplitResult, int, int, float], Store]
+
+
+@dataclass(frozen=True)
+class Joining:
+    """What the edge read for a rendezvous: the launcher's variables (:func:`~.environment.from_environment`,
+    for ``env://`` and a rank or world size not given) and the job's key and TLS. The default is no
+    launcher and no secret."""
+
+    launch: LaunchInfo = field(default_factory=lambda: LaunchInfo(
+        None, None, None, None, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, "none"))
+    security: Security = Security()
+
+
+Scheme = Callable[[SplitResult, int, int, float, Joining], Store]
 _SCHEMES: dict[str, Scheme] = {}
 AGENT_STORES = "allreduce.agent_stores"  # entry points: connect(host, port, timeout) -> Store
 _agent_groups = itertools.count()  # groups this process formed on an agent's store, alike on every rank
 
 
 def register_scheme(name: str, build: Scheme) -> None:
-    """Make ``name://`` init_methods use the store ``build(url, rank, world_size, timeout)`` returns.
+    """Make ``name://`` init_methods use the store ``build(url, rank, world_size, timeout, joining)`` returns.
 
     ``url`` is the init_method as parsed by ``urllib.parse.urlsplit``; rank and world size are
-    already settled. :func:`~.join.rendezvous` then holds the join barrier on the store.
+    already settled; ``joining`` is the :class:`Joining` the caller of the rendezvous gave.
+    :func:`~.join.rendezvous` then holds the join barrier on the store.
 
     Raises:
         ValueError: ``name`` is not a URL scheme, or is already registered.
@@ -99,15 +116,15 @@ def agent_store(launch: LaunchInfo, timeout: float) -> Store:
         f"loaded ({'; '.join(failures) or 'no plugin installed'}): pip install 'allreduce[torch]'")
 
 
-def _env_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
-    launch = from_environment()
+def _env_store(url: SplitResult, rank: int, world_size: int, timeout: float, joining: Joining) -> Store:
+    launch = joining.launch
     if launch.agent_store:
         return agent_store(launch, timeout)
     return TCPStore(launch.master_addr, launch.master_port, is_server=rank == 0, timeout=timeout,
-                    world_size=world_size)
+                    world_size=world_size, security=joining.security)
 
 
-def _tcp_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
+def _tcp_store(url: SplitResult, rank: int, world_size: int, timeout: float, joining: Joining) -> Store:
     try:
         port = url.port
     except ValueError:
@@ -118,10 +135,11 @@ def _tcp_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> 
     if port == 0 and world_size > 1:
         raise ValueError(f"tcp:// port 0 lets rank 0 pick a port the others cannot know; name a free port "
                          f"for world_size {world_size}")
-    return TCPStore(url.hostname, port, is_server=rank == 0, timeout=timeout, world_size=world_size)
+    return TCPStore(url.hostname, port, is_server=rank == 0, timeout=timeout, world_size=world_size,
+                    security=joining.security)
 
 
-def _file_store(url: SplitResult, rank: int, world_size: int, timeout: float) -> Store:
+def _file_store(url: SplitResult, rank: int, world_size: int, timeout: float, joining: Joining) -> Store:
     if url.netloc not in ("", "localhost") or not url.path:
         raise ValueError(f"file:// init_method needs an absolute path, e.g. file:///shared/job42.store; "
                          f"got {url.geturl()!r}")

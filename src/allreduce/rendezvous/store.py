@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from allreduce.errors import CommTimeout, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import Contents
-from allreduce.settings import DEFAULT_TIMEOUT
+from ..errors import CommTimeout, RendezvousError
+from ..settings import DEFAULT_TIMEOUT
+from . import storewire as wire
+from .contents import Contents
 
 
 def apply_request(data: Contents, request: wire.Request) -> wire.Response | None:

@@ -5,7 +5,7 @@ each request means is :func:`~.store.apply_request`, and the client is :mod:`.tc
 serves every client through a selector, so a parked get costs no thread. Every connection starts
 with the mutual challenge-response of :mod:`allreduce.auth` over the job's secret; the server reads
 nothing else from a client until it has passed, holds at most a few dozen bytes for it meanwhile,
-and closes it if it fails or is too slow. With the ``ALLREDUCE_TLS_*`` variables set, a TLS
+and closes it if it fails or is too slow. With TLS in its :class:`~..security.Security`, a TLS
 handshake that requires the client's certificate (:mod:`allreduce.tls`) comes first, in the same
 time. When too many strangers are mid-handshake at once (idle sockets on the port, a scan, a flood),
 a new one pushes out the one that has waited longest, so a rank that dials in still gets its turn
@@ -22,11 +22,12 @@ import ssl
 import threading
 import time
 
-from allreduce import auth, tls
-from allreduce.errors import ProtocolError, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import Contents, StoreLimits
-from allreduce.rendezvous.store import apply_request, deadline, timed_out
+from .. import auth
+from ..errors import ProtocolError, RendezvousError
+from ..security import Security
+from . import storewire as wire
+from .contents import Contents, StoreLimits
+from .store import apply_request, deadline, timed_out
 
 HANDSHAKE_CONTEXT = b"store"  # what a store connection's handshake proves itself for (both sides)
 RECV_BYTES = 1 << 16  # bytes per recv, on both sides of a store connection
@@ -55,7 +56,8 @@ class _Peer:
 class StoreServer:
     """Serves the store at exactly ``host:port`` (port 0: a free one, see ``.port``) until closed.
 
-    ``clients`` (the world size, if known) sizes the listen backlog; ``limits`` caps what the store holds.
+    ``clients`` (the world size, if known) sizes the listen backlog; ``limits`` caps what the store holds;
+    every client must prove itself with ``security``.
 
     Each loop waits for sockets (or the nearest deadline of a parked request), reads and decodes what
     arrived, then advances every client in turn until no answer changes the data any more: a set
@@ -68,7 +70,7 @@ class StoreServer:
         RendezvousError: ``host:port`` cannot be bound.
     """
 
-    def __init__(self, host: str, port: int, clients: int | None = None, limits: StoreLimits = StoreLimits()):
+    def __init__(self, host: str, port: int, clients: int | None, limits: StoreLimits, security: Security):
         backlog = max(_BACKLOG, clients or 0)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
@@ -77,10 +79,10 @@ class StoreServer:
             raise RendezvousError(f"cannot host the store at {host}:{port} ({exc}); use an address of this "
                                   f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
         self.port = self._listener.getsockname()[1]
-        self._key = auth.job_key()
-        self._tls = tls.from_env()
+        self._key = security.key
+        self._tls = security.tls
         self._max_strangers = 2 * backlog  # clients mid-handshake at once; a new one pushes out the oldest
-        auth.warn_if_exposed(host)
+        auth.warn_if_exposed(host, security.key)
         self._listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
-from allreduce.errors import ProtocolError
+from ..errors import ProtocolError
 
 MAGIC = b"ARkv"
 VERSION = 1

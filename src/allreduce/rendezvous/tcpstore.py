@@ -6,7 +6,7 @@ also runs its :class:`~.storeserver.StoreServer` and connects to it like every o
 keeps a small pool of connections, one per request in flight, so threads that share a store never
 queue behind each other's blocking get. Every connection first proves, by the mutual
 challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret, inside a
-mutually authenticated TLS channel when the ``ALLREDUCE_TLS_*`` variables are set (:mod:`allreduce.tls`).
+mutually authenticated TLS channel when the ``security`` given has TLS (:mod:`allreduce.tls`).
 
 Every request has a deadline (:meth:`Store.execute_by`), and the client gives up on a silent host
 then: a frozen host costs the caller the time it allowed, not a fresh timeout per request. A
@@ -20,13 +20,14 @@ import socket
 import threading
 import time
 
-from allreduce import auth, tls
-from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.contents import StoreLimits
-from allreduce.rendezvous.store import Store
-from allreduce.rendezvous.storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
-from allreduce.settings import DEFAULT_TIMEOUT
+from .. import auth, tls
+from ..errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
+from ..security import Security
+from ..settings import DEFAULT_TIMEOUT
+from . import storewire as wire
+from .contents import StoreLimits
+from .store import Store
+from .storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
 
 
 class _Link:
@@ -75,7 +76,8 @@ class TCPStore(Store):
     for every interface); port 0 picks a free port, and ``.port`` tells which. Every rank, the host
     included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
     host may start later. ``world_size`` sizes the server's listen backlog, and ``limits`` caps what
-    it holds. ``timeout`` is also the default wait of ``get`` and ``wait`` (default: the group's
+    it holds. ``security`` is the job's key and TLS (:class:`~allreduce.security.Security`; default: no
+    secret, no TLS), the same on every rank: the edge builds it from the settings. ``timeout`` is also the default wait of ``get`` and ``wait`` (default: the group's
     timeout, 10 minutes), and what a request may take beyond its wait before the client gives up.
 
     Example (two ranks)::
@@ -89,15 +91,16 @@ class TCPStore(Store):
     """
 
     def __init__(self, host: str, port: int, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                 world_size: int | None = None, limits: StoreLimits = StoreLimits()):
+                 world_size: int | None = None, limits: StoreLimits = StoreLimits(),
+                 security: Security = Security()):
         super().__init__(timeout)
         if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
             raise ValueError(f"store port must be 1-65535 (0 only where is_server picks one), got {port!r}")
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host = host
-        self._tls = tls.from_env()
-        self._server = StoreServer(host, port, world_size, limits) if is_server else None
+        self._security = security
+        self._server = StoreServer(host, port, world_size, limits, security) if is_server else None
         self.port = self._server.port if self._server else port
         self._idle: list[_Link] = []
         self._idle_lock = threading.Lock()
@@ -167,7 +170,7 @@ class TCPStore(Store):
                         f"cannot reach the store at {where} within {due - start:.3g}s ({exc}); check that "
                         f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
                         f"its host and a port this host may connect to"
-                        f"{'' if self._tls or not isinstance(exc, TimeoutError) else _NO_TLS}") from exc
+                        f"{'' if self._security.tls or not isinstance(exc, TimeoutError) else _NO_TLS}") from exc
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 1.0)
 
@@ -178,9 +181,9 @@ class TCPStore(Store):
         sock = socket.create_connection(address, timeout=_left(due))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                sock = self._tls.dial(sock, due)
-            auth.client_handshake(sock, auth.job_key(), HANDSHAKE_CONTEXT, due)
+            if self._security.tls is not None:
+                sock = self._security.tls.dial(sock, due)
+            auth.client_handshake(sock, self._security.key, HANDSHAKE_CONTEXT, due)
         except ProtocolError as exc:  # another secret, or not a store at all: dialling again cannot help
             sock.close()
             raise RendezvousError(f"cannot join the store at {self.host}:{self.port}: {exc}") from exc

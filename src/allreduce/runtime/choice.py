@@ -101,6 +101,7 @@ class Choice:
             return "hierarchical"
         return planner.choose(collective, algorithm, nbytes, self.size, hosts=len(self.topology.hosts), dtype=dtype,
                               transport=self.intra, forced=self.settings.algorithm, profile=self.settings.profile,
+                              cache_home=self.settings.cache_home,
                               in_rank_order=in_rank_order, lines=self._limits)
 
     def close(self) -> None:

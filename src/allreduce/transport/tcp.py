@@ -5,8 +5,8 @@ it in the store, connects to every lower rank and accepts every higher one (:mod
 hello (:mod:`.hello`: magic, the group's tag, both ranks) says which link a connection is meant to be,
 and the mutual challenge-response of :mod:`..auth`, bound to that hello, proves that both ends know
 the job's secret; any other connection is closed at once and the group forms without it. With the
-``ALLREDUCE_TLS_*`` variables set, a mutually authenticated TLS handshake (:mod:`..tls`) comes first
-and carries everything after it. Links use TCP keepalive, so a link that dies silently (cable,
+``ALLREDUCE_TLS_*`` variables set (the :class:`~..security.Security` given), a mutually authenticated
+TLS handshake (:mod:`..tls`) comes first and carries everything after it. Links use TCP keepalive, so a link that dies silently (cable,
 switch) while a rank waits on it errors within about ten seconds rather than only at the collective's
 deadline. (Not ``TCP_USER_TIMEOUT``: it would also cut the link to a peer that is alive but busy,
 whose full receive buffer holds our data unacknowledged.)
@@ -41,6 +41,7 @@ from itertools import islice
 
 from .. import auth, tls, wire
 from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError, with_peer
+from ..security import Security
 from . import hello, mesh
 from .base import RecvSpec, SendSpec, Transport
 
@@ -200,14 +201,16 @@ class TcpTransport(Transport):
             link.sock.setblocking(False)
 
     @classmethod
-    def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float) -> "TcpTransport":
-        """Form the mesh (:func:`.mesh.form`) through ``store``: listen on ``host``, connect down, accept up.
+    def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float,
+                security: Security) -> "TcpTransport":
+        """Form the mesh (:func:`.mesh.form`) through ``store``: listen on ``host``, connect down, accept up,
+        each link proving itself with ``security``.
 
         Raises ``RendezvousError`` when a peer cannot be reached before ``timeout`` seconds,
         ``PeerLost`` as soon as one is known to have died.
         """
-        auth.warn_if_exposed(host)
-        peering = TcpPeering(rank, size, host, tag, auth.job_key())
+        auth.warn_if_exposed(host, security.key)
+        peering = TcpPeering(rank, size, host, tag, security)
         links = mesh.form(peering, store, rank, range(size), time.monotonic() + timeout)
         return cls(rank, size, links)
 
@@ -297,19 +300,20 @@ class TcpPeering:
 
     Example (what rank 1 of a two-rank group does to link with rank 0)::
 
-        link = mesh.dial(TcpPeering(1, 2, "127.0.0.1", "g", auth.job_key()), store, 0, deadline)
+        link = mesh.dial(TcpPeering(1, 2, "127.0.0.1", "g", Security()), store, 0, deadline)
     """
 
     kind = "tcp"
     joining = "connect"
 
-    def __init__(self, rank: int, size: int, host: str, tag: str, key: bytes, dialers: Container[int] | None = None):
+    def __init__(self, rank: int, size: int, host: str, tag: str, security: Security,
+                 dialers: Container[int] | None = None):
         self.rank = rank
         self.size = size
         self.host = host
         self.digest = hello.group_digest(tag)
-        self.key = key
-        self.tls = tls.from_env()
+        self.key = security.key
+        self.tls = security.tls
         self.dialers = range(rank + 1, size) if dialers is None else dialers  # who may dial: the mesh's higher ranks
 
     def listen(self, backlog: int) -> tuple[socket.socket, str]:

@@ -18,6 +18,7 @@ from .link import Link
 from .matching import Envelope, Receive
 
 WINDOW = 1 << 20  # bytes of eager messages a sender may have unreceived at one receiver
+OVERHEAD = 256  # bytes each eager message counts against the window beyond its payload (bookkeeping)
 
 
 class Op:
