@@ -58,7 +58,8 @@ def check_peer(rank: object, size: int, own: int, name: str) -> None:
 def check_tag(tag: object, wildcard: int | None = None) -> None:
     """``tag`` is a message tag in 0..TAG_UB, or ``wildcard`` (MPI's ``ANY_TAG``, where a receive takes any)."""
     if not isinstance(tag, (int, np.integer)) or not (0 <= tag <= TAG_UB or tag == wildcard):
-        raise ValueError(f"tag={tag!r} must be an integer in 0..{TAG_UB}" + (" or ANY_TAG" if wildcard is not None else ""))
+        also = "" if wildcard is None else " or ANY_TAG"
+        raise ValueError(f"tag={tag!r} must be an integer in 0..{TAG_UB}{also}")
 
 
 def check_same_dtype(a: np.ndarray, b: np.ndarray) -> None:

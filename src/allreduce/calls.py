@@ -1,4 +1,4 @@
-"""The public functions, shaped like torch.distributed: same names, argument order and meaning.
+"""The collectives and point-to-point calls, shaped like torch.distributed: same names, argument order and meaning.
 
 Every collective follows one pattern: validate the arguments (``TypeError``/``ValueError`` before
 anything is sent), describe the buffers, hand them to the group, and return a :class:`Work` when
