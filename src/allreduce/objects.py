@@ -9,14 +9,13 @@ trust (every connection of a group is authenticated by the job's secret).
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 
-from typing import Any
-
 from . import uneven
-from .api import Group, resolve_group
-from .runtime import ProcessGroup
+from .arguments import check_rank, one_per_rank
+from .world import Group, resolve_group
 
 
 def dumps(obj: object) -> np.ndarray:
@@ -38,7 +37,7 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Group = N
         dist.broadcast_object_list(objs, src=0)   # both: [{"lr": 0.1}, "run-7"]
     """
     g = resolve_group(group)
-    _check_root(src, g, "src")
+    check_rank(src, g.size, "src")
     got = loads(uneven.broadcast(g, dumps(list(object_list)) if g.rank == src else None, src))
     if len(got) != len(object_list):
         raise ValueError(f"object_list has {len(object_list)} items here but {len(got)} on rank {src}")
@@ -62,7 +61,7 @@ def gather_object(obj: object, object_gather_list: list[Any] | None = None, dst:
                   group: Group = None) -> None:
     """Set ``object_gather_list[i]`` to rank i's ``obj`` on rank ``dst``; other ranks pass ``None``."""
     g = resolve_group(group)
-    _check_root(dst, g, "dst")
+    check_rank(dst, g.size, "dst")
     if g.rank == dst:
         _check_length(object_gather_list, g.size, "object_gather_list")
     elif object_gather_list is not None:
@@ -76,7 +75,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     ``scatter_object_output_list[0]``; other ranks pass no input list.
     """
     g = resolve_group(group)
-    _check_root(src, g, "src")
+    check_rank(src, g.size, "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError("scatter_object_output_list must be a list of at least one item")
     blocks = None
@@ -91,11 +90,7 @@ def _fill(objects: list[Any], blocks: list[np.ndarray]) -> None:
 
 
 def _check_length(objects: list[Any] | None, size: int, name: str) -> None:
-    if not isinstance(objects, list) or len(objects) != size:
-        raise ValueError(f"{name} must be a list of one item per rank ({size}), "
-                         f"got {None if objects is None else len(objects)}")
-
-
-def _check_root(root: int, g: ProcessGroup, name: str) -> None:
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < g.size:
-        raise ValueError(f"{name}={root!r} is not a rank of this group (0..{g.size - 1})")
+    """``objects`` is a list (torch fills lists in place) of one item per rank."""
+    if objects is not None and not isinstance(objects, list):
+        raise ValueError(f"{name} must be a list, got {type(objects).__name__}")
+    one_per_rank(objects, size, name, "item")

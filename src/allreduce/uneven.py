@@ -96,14 +96,12 @@ def place(received: list[np.ndarray], out: np.ndarray, counts, displs, who: str)
 
 def all_to_all_single(g, output: np.ndarray, input: np.ndarray, output_split_sizes, input_split_sizes,
                       async_op: bool = False, algorithm: str | None = None) -> Work | None:
-    """torch's ``all_to_all_single`` with splits: rows of dim 0 per rank (``None``: equal rows).
+    """torch's ``all_to_all_single`` with splits: rows of dim 0 per rank (``None``: equal rows), between
+    arrays of one dtype.
 
     Raises:
-        TypeError: dtypes differ. ValueError: splits that do not sum to dim 0, or that disagree with
-            what the peers send.
+        ValueError: splits that do not sum to dim 0, or that disagree with what the peers send.
     """
-    if output.dtype != input.dtype:
-        raise TypeError(f"input and output dtypes differ: {input.dtype} vs {output.dtype}")
     send_counts, send_displs = _rows(input, input_split_sizes, g.size, "input_split_sizes")
     recv_counts, recv_displs = _rows(output, output_split_sizes, g.size, "output_split_sizes")
     source, dest = flat(input), flat(output)

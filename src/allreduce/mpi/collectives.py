@@ -15,7 +15,7 @@ import numpy as np
 from .. import api, uneven
 from ..ops import check_op, kernel
 from .datatypes import IN_PLACE, simple, vector
-from .ops import SUM, Op
+from .reductions import SUM, Op
 from .p2p import Request
 
 

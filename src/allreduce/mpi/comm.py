@@ -4,7 +4,7 @@
 (``allreduce run``, ``torchrun``, Open MPI's ``mpirun``, MPICH's, ``srun``; a process started alone
 is a world of one), as ``MPI_Init`` would, and leaves it at exit. If the program has called
 ``allreduce.init_process_group`` itself, ``COMM_WORLD`` uses that group and leaves it alone.
-``Split`` and ``Dup`` form new groups of their own (:func:`allreduce.api.split_group`), which ``Free``
+``Split`` and ``Dup`` form new groups of their own (:func:`allreduce.split_group`), which ``Free``
 closes.
 """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..p2p import TAG_UB
+from ..arguments import check_rank, check_tag
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -120,11 +120,10 @@ def send(engine, size: int, payload: np.ndarray, dest: int, tag: int) -> Request
     Raises:
         ValueError: ``dest`` is not a rank of the communicator, or ``tag`` is negative or too large.
     """
-    _check_peer(dest, size, "dest")
+    check_rank(dest, size, "dest", PROC_NULL, within="communicator")
     if dest == PROC_NULL:
         return Request()
-    if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= TAG_UB:
-        raise ValueError(f"tag={tag!r} must be in 0..{TAG_UB} to send")
+    check_tag(tag)
     return Request(engine.isend(payload.view(np.uint8).reshape(-1), int(dest), int(tag)))
 
 
@@ -132,11 +131,10 @@ def receive(engine, size: int, target: np.ndarray | None, source: int, tag: int,
     """Start receiving from ``source`` (or ``ANY_SOURCE``/``PROC_NULL``) with ``tag`` (or ``ANY_TAG``)
     into the flat array ``target`` (any message that fits), or, if ``None``, into memory of the
     message's size; ``deliver(payload)`` (the bytes, ``None`` from ``PROC_NULL``) makes the value."""
-    _check_peer(source, size, "source", ANY_SOURCE)
+    check_rank(source, size, "source", PROC_NULL, ANY_SOURCE, within="communicator")
     if source == PROC_NULL:
         return Request(None, lambda: deliver(None), (PROC_NULL, ANY_TAG, 0))
-    if not isinstance(tag, (int, np.integer)) or not ANY_TAG <= tag <= TAG_UB:
-        raise ValueError(f"tag={tag!r} must be ANY_TAG or in 0..{TAG_UB}")
+    check_tag(tag, ANY_TAG)
     array = target.view(np.uint8).reshape(-1) if target is not None else None
     work = engine.irecv(array, None if source == ANY_SOURCE else int(source), None if tag == ANY_TAG else int(tag),
                         exact=False)
@@ -146,12 +144,7 @@ def receive(engine, size: int, target: np.ndarray | None, source: int, tag: int,
 def probe(engine, size: int, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
     """``(source, tag, nbytes)`` of the message a receive would take now (``None``: none yet, if not
     ``block``); waits up to the group's timeout if ``block``."""
-    _check_peer(source, size, "source", ANY_SOURCE)
+    check_rank(source, size, "source", PROC_NULL, ANY_SOURCE, within="communicator")
     if source == PROC_NULL:
         return PROC_NULL, ANY_TAG, 0
     return engine.probe(None if source == ANY_SOURCE else int(source), None if tag == ANY_TAG else int(tag), block)
-
-
-def _check_peer(peer, size: int, name: str, *special: int) -> None:
-    if not isinstance(peer, (int, np.integer)) or not (0 <= peer < size or peer in (PROC_NULL, *special)):
-        raise ValueError(f"{name}={peer!r} is not a rank of this communicator (0..{size - 1})")

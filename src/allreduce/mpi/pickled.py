@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from .. import objects, uneven
-from .ops import SUM
+from .reductions import SUM
 
 
 class ObjectCollectives:

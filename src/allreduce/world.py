@@ -1,0 +1,260 @@
+"""The world: the default group and the groups formed from it, and what this rank knows about them.
+
+:func:`init_process_group` forms the default group; :func:`new_group` and :func:`split_group` form
+others from it, and :func:`destroy_process_group` closes them. :func:`resolve_group` turns a ``group``
+argument into the :class:`ProcessGroup` that the calls (:mod:`.calls`) and the layers above issue to.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Union
+
+from . import logs, rendezvous, topology
+from .arguments import Timeout, timeout_seconds
+from .bootstrap import form_group, leave
+from .runtime import ProcessGroup
+from .planner import determinism
+from .security import Security
+from .settings import Settings
+from .transport.shm import ShmOptions
+
+BACKENDS = (None, "allreduce", "tcp")
+
+
+class NonMember:
+    """What :func:`new_group` returns on ranks outside the group: using it raises ``ValueError``."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = ranks
+
+    def __repr__(self) -> str:
+        return f"<allreduce group {self.ranks}: this rank is not a member>"
+
+
+Group = Union[ProcessGroup, NonMember, None]  # None: the default group
+
+
+class _State:
+    world: ProcessGroup | None = None
+    groups: list[ProcessGroup] = []
+    new_groups = 0
+    settings = Settings()  # read from the environment by init_process_group
+    shm_options = ShmOptions()
+
+
+# ---- setup --------------------------------------------------------------------------------------
+
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout: Timeout = None,
+                       world_size: int = -1, rank: int = -1, store: rendezvous.Store | None = None,
+                       group_name: str = "") -> None:
+    """Join the job's default group: find the other ranks, then connect to every one of them.
+
+    Args:
+        backend: ``None``/``"allreduce"``/``"tcp"``.
+        init_method: ``env://`` (default; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or the variables of
+            torchrun, Open MPI, MPICH or Slurm), ``tcp://host:port`` or ``file:///path``.
+        timeout: deadline (seconds or ``timedelta``) of the rendezvous and of every collective,
+            default 10 minutes (torch's is 30; a hung job should fail sooner).
+        world_size, rank: override the environment; required with ``store``.
+        store: an existing key-value store to rendezvous through.
+
+    Raises:
+        RuntimeError: already initialized. ValueError: bad arguments or a bad ``ALLREDUCE_*`` variable.
+        RendezvousError: peers not found.
+
+    Example (each of two ranks)::
+
+        dist.init_process_group()          # under `allreduce run -n 2 -- python script.py`
+    """
+    if _State.world is not None:
+        raise RuntimeError("init_process_group was already called; call destroy_process_group() first")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
+    seconds = timeout_seconds(timeout)
+    settings, shm_options = Settings.from_env(), ShmOptions.from_env()  # the environment, read once
+    logs.configure(settings.debug)
+    if store is None:
+        joining = rendezvous.Joining(rendezvous.from_environment(), Security.of(settings))
+        store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
+    elif rank < 0 or world_size < 1:
+        raise ValueError("with store=..., pass rank= and world_size= too")
+    _State.world = form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)),
+                              settings, shm_options)
+    _State.settings, _State.shm_options, _State.new_groups = settings, shm_options, 0
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Finish queued work and close the group (the default group: every group, and the store)."""
+    if group is not None and group is not _State.world:
+        if isinstance(group, ProcessGroup):
+            group.close()
+            _State.groups.remove(group)
+        return
+    world = default_group()
+    for g in _State.groups:
+        g.close()
+    world.close()
+    _State.world, _State.groups = None, []
+    leave(world.store, world.size, wait=world.healthy)
+
+
+def is_initialized() -> bool:
+    """Whether this process has joined the default group (and not yet destroyed it)."""
+    return _State.world is not None
+
+
+def use_deterministic_algorithms(mode: bool) -> None:
+    """Make every ``all_reduce``, ``reduce`` and ``reduce_scatter`` with SUM, AVG or PRODUCT (of a
+    floating dtype) return exactly the left fold over ranks in rank order, ``((x0 + x1) + x2) + ...``,
+    computed elementwise in the dtype: the same bits whatever the algorithm, transport, world size or
+    timing. Process-wide, for every group, and it overrides ``ALLREDUCE_DETERMINISTIC``.
+
+    Only algorithms that reduce in rank order then run (on more than two ranks, ``ordered``, even when
+    another algorithm is named): they send the bytes of a ring, but reduce after the transfer, not
+    during it. MIN, MAX, the bitwise ops and integer dtypes are unaffected: any order gives their bits.
+
+    Example: ``dist.use_deterministic_algorithms(True)``, then ``dist.all_reduce(x)`` on 4 ranks returns
+    ``((x0 + x1) + x2) + x3`` on every rank, run after run.
+    """
+    determinism.use_deterministic_algorithms(mode)
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether deterministic mode is on (see :func:`use_deterministic_algorithms`): as last set there,
+    else as ``ALLREDUCE_DETERMINISTIC`` said when :func:`init_process_group` read it."""
+    return determinism.enabled(_State.settings)
+
+
+def default_group() -> ProcessGroup:
+    """The default group that :func:`init_process_group` formed.
+
+    Raises:
+        RuntimeError: not initialized.
+    """
+    if _State.world is None:
+        raise RuntimeError("the default process group is not initialized; call allreduce.init_process_group() first")
+    return _State.world
+
+
+def get_rank(group: Group = None) -> int:
+    """This rank's index in ``group`` (the default group if ``None``); -1 if not a member."""
+    if isinstance(group, NonMember):
+        return -1
+    return resolve_group(group).rank
+
+
+def get_world_size(group: Group = None) -> int:
+    """Number of ranks in ``group``; -1 if this rank is not a member."""
+    if isinstance(group, NonMember):
+        return -1
+    return resolve_group(group).size
+
+
+def get_topology(group: Group = None) -> topology.Topology:
+    """Where this rank sits among the hosts of ``group`` (default: the world).
+
+    Example (2 hosts x 2 ranks, on rank 3): ``Topology(rank=3, size=4, local_rank=1, local_size=2,
+    cross_rank=1, cross_size=2, hosts=((0, 1), (2, 3)))``.
+    """
+    return resolve_group(group).topology
+
+
+def new_group(ranks: Iterable[int] | None = None, timeout: Timeout = None) -> ProcessGroup | NonMember:
+    """A subgroup of the given world ranks; every rank of the job must call it, in the same order.
+
+    Returns the group on members and a :class:`NonMember` elsewhere (collectives on it raise).
+    """
+    world = default_group()
+    _State.new_groups += 1
+    members = sorted(set(range(world.size) if ranks is None else ranks))
+    if not members or members[0] < 0 or members[-1] >= world.size:
+        raise ValueError(f"new_group ranks must be a non-empty subset of 0..{world.size - 1}, got {ranks}")
+    if world.rank not in members:
+        return NonMember(members)
+    name = f"group{_State.new_groups}"
+    return _subgroup(name, members.index(world.rank), members, timeout, world.timeout)
+
+
+# ---- queries and groups that layers above build on ----------------------------------------------
+
+def is_available() -> bool:
+    """Whether collectives can be used in this build (always: there is nothing optional to lack)."""
+    return True
+
+
+def get_backend(group: Group = None) -> str:
+    """The backend of ``group``: ``"allreduce"`` (shared memory inside a host, TCP across)."""
+    resolve_group(group)
+    return "allreduce"
+
+
+def get_local_rank(group: Group = None) -> int:
+    """This rank's index among the ranks of ``group`` on its host (Horovod's ``local_rank``)."""
+    return resolve_group(group).topology.local_rank
+
+
+def get_local_size(group: Group = None) -> int:
+    """How many ranks of ``group`` share this rank's host."""
+    return resolve_group(group).topology.local_size
+
+
+def resolve_group(group: Group = None) -> ProcessGroup:
+    """The :class:`ProcessGroup` a ``group`` argument names (``None``: the default group).
+
+    Raises:
+        RuntimeError: not initialized. ValueError: this rank is not a member. TypeError: not a group.
+    """
+    if group is None:
+        return default_group()
+    if isinstance(group, NonMember):
+        raise ValueError(f"rank {default_group().rank} is not a member of group {group.ranks}")
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a group from new_group(), got {type(group).__name__}")
+    return group
+
+
+_SPLITS: weakref.WeakKeyDictionary[ProcessGroup, int] = weakref.WeakKeyDictionary()  # parent group -> splits made of it
+
+
+def split_group(parent_pg: Group = None, split_ranks: Iterable[Iterable[int]] | None = None,
+                timeout: Timeout = None) -> ProcessGroup | NonMember:
+    """Split ``parent_pg`` into disjoint new groups; every rank of the parent calls it, with the same splits.
+
+    Unlike :func:`new_group`, only the parent's ranks take part, so a subgroup can be split again
+    (MPI's ``Comm.Split`` and ``Dup``). ``split_ranks`` lists each new group's ranks in the parent,
+    in the order that becomes their rank in the new group; ``None`` is one group of every rank.
+
+    Returns the new group that holds this rank, or a :class:`NonMember` if none does.
+
+    Example (four ranks)::
+
+        g = dist.split_group(split_ranks=[[0, 1], [3, 2]])
+        dist.get_rank(g)   # rank 0: 0, rank 1: 1, rank 2: 1, rank 3: 0
+
+    Raises:
+        ValueError: a rank out of range, in two splits, or an empty split.
+    """
+    parent = resolve_group(parent_pg)
+    splits = [[int(r) for r in ranks] for ranks in ([range(parent.size)] if split_ranks is None else split_ranks)]
+    listed = [r for ranks in splits for r in ranks]
+    if not all(splits) or len(set(listed)) != len(listed) or not all(0 <= r < parent.size for r in listed):
+        raise ValueError(f"split_ranks must be disjoint, non-empty lists of ranks in 0..{parent.size - 1}, got {split_ranks}")
+    _SPLITS[parent] = count = _SPLITS.get(parent, 0) + 1  # the same on every rank of the parent
+    mine = next((i for i, ranks in enumerate(splits) if parent.rank in ranks), None)
+    if mine is None:
+        return NonMember(sorted(parent.ranks[r] for r in listed))
+    members = splits[mine]
+    name = f"{parent.name}.split{count}.{mine}"
+    return _subgroup(name, members.index(parent.rank), [parent.ranks[r] for r in members], timeout, parent.timeout)
+
+
+def _subgroup(name: str, rank: int, ranks: list[int], timeout: Timeout, inherited: float) -> ProcessGroup:
+    """Form the group ``name`` of the world ranks ``ranks`` (this one is ``rank`` in it), with the
+    default group's settings; the default group's destruction closes it. ``timeout``: ``inherited`` if unset."""
+    group = form_group(default_group().store.prefix(name), rank, len(ranks),
+                       timeout_seconds(timeout) if timeout else inherited, name, ranks, _State.settings,
+                       _State.shm_options)
+    _State.groups.append(group)
+    return group
