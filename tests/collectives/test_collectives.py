@@ -6,7 +6,6 @@ algorithm x root) and returns the cases that went wrong, so process start-up is 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from support.harness import run_ranks

@@ -275,7 +275,7 @@ def measure(api, collective: str, nbytes: int, algorithm: str, options: BenchOpt
     seconds = float(np.median(times))
     size = case.count * options.dtype.itemsize
     algbw = size / seconds / 1e9 if seconds > 0 else float("inf")
-    ran = api.default_group().algorithm_for(collective, None, items * itemsize, options.dtype) \
+    ran = api.default_group().algorithm_of(collective, items, options.dtype, op or ReduceOp.SUM) \
         if algorithm == "auto" and hasattr(api, "default_group") else ""
     return Row(collective, size, case.count, str(options.dtype), options.op.name.lower() if op is not None else "none",
                algorithm, seconds * 1e6, algbw, algbw * facts.bus_factor(world), correct, ran)

@@ -25,7 +25,7 @@ import numpy as np
 from .. import collectives, wire
 from ..dtypes import code_of
 from .call import Call, reworded
-from ..ops import ReduceOp, kernel
+from ..ops import kernel
 
 SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": False, "barrier": False}
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..engines import LinesEngine, ScheduleEngine
 from ..errors import AllreduceError, Interrupted, Mismatch
+from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
 from ..settings import Settings
@@ -118,6 +119,12 @@ class ProcessGroup:
                       in_rank_order: bool = False) -> str:
         """The algorithm a call of ``nbytes`` runs (see :meth:`.choice.Choice.algorithm_for`)."""
         return self._choice.algorithm_for(collective, algorithm, nbytes, dtype, in_rank_order)
+
+    def algorithm_of(self, collective: str, count: int, dtype: np.dtype, op: ReduceOp = ReduceOp.SUM,
+                     root: int = 0) -> str:
+        """The algorithm an automatic call of this shape runs: the one its planned call names (what
+        ``allreduce bench`` reports as ``auto:NAME``, and errors and logs name)."""
+        return self._choice.planned(collective, None, count, np.dtype(dtype), op, root).call.algorithm
 
     def point_to_point(self, buffer: np.ndarray | None, peer: int | None, tag: int | None, sending: bool,
                        exact: bool = True) -> P2PWork:

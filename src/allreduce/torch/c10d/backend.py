@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from allreduce import api, bootstrap
-from allreduce.ops import ReduceOp
+from ... import api, bootstrap
+from ...ops import ReduceOp
 
 from ..common.tensors import Staged, is_direct
 from . import monitored, sparse

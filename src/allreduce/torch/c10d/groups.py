@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from allreduce import api
-from allreduce.runtime import ProcessGroup
+from ... import api
+from ...runtime import ProcessGroup
 
 from .backend import ProcessGroupAllreduce
 from .private import cpu_backend

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from allreduce.errors import CommTimeout
+from ...errors import CommTimeout
 
 
 def barrier(group, number: int, timeout: float, wait_all_ranks: bool = False) -> None:

@@ -19,10 +19,10 @@ import warnings
 
 import torch.distributed as dist
 
-from allreduce import bootstrap
-from allreduce.rendezvous import from_environment
-from allreduce.settings import Settings
-from allreduce.transport.shm import ShmOptions
+from ... import bootstrap
+from ...rendezvous import from_environment
+from ...settings import Settings
+from ...transport.shm import ShmOptions
 
 from . import native
 from .backend import NAME, ProcessGroupAllreduce

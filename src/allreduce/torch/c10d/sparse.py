@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from allreduce.objects import all_gather_object
+from ...objects import all_gather_object
 
 
 def all_reduce(tensor: torch.Tensor, group) -> None:

@@ -18,9 +18,9 @@ import datetime
 
 import torch.distributed as dist
 
-from allreduce.errors import PeerLost
-from allreduce.rendezvous import storewire as wire
-from allreduce.rendezvous.store import Store
+from ...errors import PeerLost
+from ...rendezvous import storewire as wire
+from ...rendezvous.store import Store
 
 
 class TorchStore(Store):

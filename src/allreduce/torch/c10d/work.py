@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from allreduce.errors import CommTimeout
+from ...errors import CommTimeout
 
 
 class TorchWork(dist.Work):

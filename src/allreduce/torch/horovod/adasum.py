@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from allreduce import api
+from ... import api
 
 from ..common.compression import Compressor
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import atexit
 
-from allreduce import api
-from allreduce.errors import AllreduceError
-from allreduce.ops import ReduceOp
+from ... import api
+from ...errors import AllreduceError
+from ...ops import ReduceOp
 
 from . import handles, joining
 from . import process_sets as registry

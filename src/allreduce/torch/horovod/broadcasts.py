@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from allreduce import api
-from allreduce.objects import broadcast_object_list
+from ... import api
+from ...objects import broadcast_object_list
 
 from . import joining
 from .basics import Average, rank

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from allreduce import api
-from allreduce.objects import all_gather_object
+from ... import api
+from ...objects import all_gather_object
 
 from ..common import dtypes
 from .basics import Average

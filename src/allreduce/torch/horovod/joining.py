@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from allreduce import api
-from allreduce.errors import Mismatch
-from allreduce.ops import ReduceOp
+from ... import api
+from ...errors import Mismatch
+from ...ops import ReduceOp
 
 from ..common import dtypes, reduction
 from ..common.compression import Cast, Compression

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from allreduce import api
-from allreduce.runtime import ProcessGroup
+from ... import api
+from ...runtime import ProcessGroup
 
 
 class ProcessSet:

@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from allreduce import api
-from allreduce.ops import ReduceOp
+from ... import api
+from ...ops import ReduceOp
 
 from ..common import reduction
 from ..common.compression import Compression, Compressor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from allreduce.ops import ReduceOp
+from ...ops import ReduceOp
 
 from ..horovod import joining
 from ..horovod.adasum import reduce as adasum_reduce

@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from allreduce.ops import ReduceOp
+from ...ops import ReduceOp
 
 from ..common.reduction import reduce_flat
 from ..horovod import joining

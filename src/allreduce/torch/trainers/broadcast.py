@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from allreduce import api
+from ... import api
 
 from ..c10d.groups import resolve
 from ..common.tensors import Staged

@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from allreduce.ops import ReduceOp
+from ...ops import ReduceOp
 
 from ..common.compression import Compression, Compressor
 from ..common.reduction import REDUCTIONS

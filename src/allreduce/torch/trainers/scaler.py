@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from allreduce import api
-from allreduce.ops import ReduceOp
+from ... import api
+from ...ops import ReduceOp
 
 from .zero import ZeroRedundancyOptimizer
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import weakref
 
-from allreduce import bootstrap
-from allreduce.runtime import ProcessGroup
+from ... import bootstrap
+from ...runtime import ProcessGroup
 
 _FORMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> twins formed of it so far
 

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from allreduce import api
+from ... import api
 
 from ..c10d.groups import resolve
 from ..common.compression import Compressor

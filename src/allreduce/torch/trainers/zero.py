@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from allreduce import api
-from allreduce.ops import ReduceOp
+from ... import api
+from ...ops import ReduceOp
 
 from ..c10d.groups import resolve
 from ..common.tensors import Staged
