@@ -15,23 +15,24 @@ import threading
 
 
 class Claims:
-    """The issuing thread of one group and its calls in flight (see the module docstring)."""
+    """The issuing thread of one group, whose calls are in flight while ``queue`` runs or holds any
+    (see the module docstring)."""
 
-    def __init__(self, rank: int, size: int, name: str):
+    def __init__(self, rank: int, size: int, name: str, queue):
         self.issuer: int | None = None  # the thread whose calls are in flight; no other may issue meanwhile
-        self.in_flight = 0  # calls issued and not yet finished
+        self._queue = queue  # a call claimed is run or queued before the lock is let go: in flight = not idle
         self.conflict: RuntimeError | None = None  # set when two threads issued at once: the calls in flight fail
         self.progress: int | None = None  # the group's progress thread, which runs Work callbacks
         self._who = f"rank {rank}/{size}"
         self._name = name
 
     def claim(self, collective: str, me: int) -> None:
-        """Count a call of thread ``me`` in flight, or raise ``RuntimeError`` (see the module docstring)."""
+        """Let thread ``me`` issue a call, or raise ``RuntimeError`` (see the module docstring)."""
         if me == self.progress:
             raise self._wrong_thread(collective, "from a Work callback, which runs on the group's progress "
                                      "thread: a blocking call there would wait for itself. Issue it once the "
                                      "work is done, from the thread that issued it")
-        if self.in_flight and self.issuer != me:
+        if (self._queue.busy or self._queue.jobs) and self.issuer != me:
             other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == self.issuer), "another")
             self.conflict = self._wrong_thread(
                 collective, f"from thread '{threading.current_thread().name}' while thread {other} has calls in "
@@ -39,11 +40,6 @@ class Claims:
                 "Use a group from one thread at a time, or give each thread its own group (new_group())")
             raise self.conflict
         self.issuer = me
-        self.in_flight += 1
-
-    def release(self) -> None:
-        """One call in flight finished (or was never issued after all)."""
-        self.in_flight -= 1
 
     def _wrong_thread(self, collective: str, why: str) -> RuntimeError:
         return RuntimeError(f"{self._who}: {collective} on process group '{self._name}' {why}")

@@ -70,11 +70,11 @@ class ProcessGroup:
         self._choice = Choice(size, name, self.topology, intra, self.settings, ScheduleEngine(transport),
                               LinesEngine(lines) if lines is not None else None,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
-        self._cv = threading.Condition(threading.RLock())  # guards the life, claims, queue and numbering
+        self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
+        self._cv = threading.Condition(self._lock)
         self._life = Life(rank, size, name)
-        self._claims = Claims(rank, size, name)
-        self._queue = WorkQueue(self._cv, self._execute, self._claims.release, self._life.stopping, name,
-                                f"rank {rank}/{size}")
+        self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}")
+        self._claims = Claims(rank, size, name, self._queue)
         self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
         self._seq = 0
         self._threads = [self._queue.thread, self._health.thread]
@@ -99,20 +99,21 @@ class ProcessGroup:
         callback, :class:`GroupBroken` on a broken or destroyed group, ``ValueError`` for an unknown
         algorithm (all before anything is sent).
         """
-        with self._cv:
+        with self._lock:
             self._claims.claim(request.collective, threading.get_ident())
-            try:
-                self._life.check()
-                planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
-                                               request.op, request.root)
-            except BaseException:
-                self._claims.release()
-                raise
+            if not self._life.usable:
+                raise self._life.refusal()
+            planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
+                                           request.op, request.root)
             self._seq += 1
-            job = Job(self._seq, planned, request.buffers, request.after)
-            inline = self._queue.admit(job, async_op)
-        if inline:
-            return self._queue.run_inline(job)
+            seq = self._seq
+            if self._queue.inline(async_op):
+                job = None
+            else:
+                job = Job(seq, planned, request.buffers, request.after)
+                self._queue.put(job)
+        if job is None:
+            return self._queue.run_inline(seq, planned, request.buffers, request.after)
         return self._queue.handed_off(job, async_op)
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
@@ -159,14 +160,14 @@ class ProcessGroup:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _execute(self, job: Job) -> None:
-        """Run ``job`` on its engine (inline or on the progress thread), then what follows it."""
+    def _execute(self, seq: int, planned, buffers: dict, after) -> None:
+        """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it."""
         if self._life.failure is not None:
             raise self._life.broken()
-        seq, call = job.seq, job.planned.call
+        call = planned.call
         self._health.started = (seq, call)
         try:
-            job.planned.run(job.buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+            planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
         except Interrupted as exc:
             self._fail(exc, seq, call)
             raise exc.__cause__ from None  # the caller's own exception, as it was raised
@@ -175,8 +176,8 @@ class ProcessGroup:
         if self._claims.conflict is not None:  # another thread issued while this ran: its pairing cannot be trusted
             raise self._fail(Mismatch(f"{call.collective} #{seq} overlapped a call from another thread: "
                                       f"{self._claims.conflict}"), seq, call)
-        if job.after is not None:
-            job.after()
+        if after is not None:
+            after()
 
     def _fail(self, exc: AllreduceError, seq: int, call) -> AllreduceError:
         """Word the error for the user, break the group and tell the peers why (the store first, so that a

@@ -36,6 +36,7 @@ class Life:
     def __init__(self, rank: int, size: int, name: str):
         self.state = State.OPEN
         self.failure: AllreduceError | None = None  # the error that broke the group
+        self.usable = True  # a call may be issued: not destroyed, not broken (kept by the transitions)
         self.stopping = threading.Event()  # set on leaving OPEN/BROKEN for CLOSING
         self._who = f"rank {rank}/{size}: process group '{name}'"
 
@@ -44,21 +45,27 @@ class Life:
         if to not in ALLOWED[self.state]:
             raise RuntimeError(f"{self._who} cannot go from {self.state.value} to {to.value}")
         self.state = to
+        self.usable = to is not State.CLOSED and self.failure is None
         if to is State.CLOSING:
             self.stopping.set()
 
     def fail(self, error: AllreduceError) -> None:
         """Record ``error`` as the failure; an open group is broken by it."""
         self.failure = error
+        self.usable = False
         if self.state is State.OPEN:
             self.move(State.BROKEN)
 
     def check(self) -> None:
         """Raise :class:`GroupBroken` if a call cannot be issued now (destroyed, or broken)."""
+        if not self.usable:
+            raise self.refusal()
+
+    def refusal(self) -> GroupBroken:
+        """Why a call cannot be issued now (destroyed, or broken)."""
         if self.state is State.CLOSED:
-            raise GroupBroken(f"{self._who} was destroyed")
-        if self.failure is not None:
-            raise self.broken()
+            return GroupBroken(f"{self._who} was destroyed")
+        return self.broken()
 
     def broken(self) -> GroupBroken:
         """The error every call after the failure raises."""

@@ -27,45 +27,46 @@ class Job:
 
 
 class WorkQueue:
-    """Runs a group's jobs with ``execute(job)``, inline or on its progress thread; ``finished()`` is
-    called (with ``lock`` held) after each job, however it ended."""
+    """Runs a group's jobs with ``execute(seq, planned, buffers, after)``, inline or on its progress
+    thread. ``cv`` is a condition on the RLock ``lock``: the inline path takes the lock alone (it is
+    the cheaper)."""
 
-    def __init__(self, lock: threading.Condition, execute: Callable[[Job], None], finished: Callable[[], None],
+    def __init__(self, lock: threading.RLock, cv: threading.Condition, execute: Callable[..., None],
                  stopping: threading.Event, name: str, who: str):
-        self._cv = lock
+        self._lock, self._cv = lock, cv
         self._execute = execute
-        self._finished = finished
         self._stopping = stopping
         self._who = who  # "rank r/n", for the descriptions of Work
-        self._jobs: collections.deque[Job] = collections.deque()
+        self.jobs: collections.deque[Job] = collections.deque()  # queued for the progress thread
         self.busy = False  # a job is running (inline or on the progress thread)
         self.thread = threading.Thread(target=self._loop, name=f"allreduce-{name}-progress", daemon=True)
 
     @property
     def idle(self) -> bool:
         """Nothing runs and nothing waits (read with the lock held)."""
-        return not self.busy and not self._jobs
+        return not self.busy and not self.jobs
 
-    def admit(self, job: Job, async_op: bool) -> bool:
-        """With the lock held: ``True`` if ``job`` runs inline now (the group is marked busy), else it is
-        queued for the progress thread."""
-        if not async_op and not self.busy and not self._jobs:
+    def inline(self, async_op: bool) -> bool:
+        """With the lock held: ``True`` if a call issued now runs inline (the group is then marked busy)."""
+        if not async_op and not self.busy and not self.jobs:
             self.busy = True
             return True
-        job.future = concurrent.futures.Future()
-        self._jobs.append(job)
-        self._cv.notify_all()
         return False
 
-    def run_inline(self, job: Job) -> None:
-        """Run an admitted inline ``job`` in the caller's thread, then free the group."""
+    def put(self, job: Job) -> None:
+        """With the lock held: queue ``job`` for the progress thread."""
+        job.future = concurrent.futures.Future()
+        self.jobs.append(job)
+        self._cv.notify_all()
+
+    def run_inline(self, seq: int, planned, buffers: dict, after: Callable[[], None] | None) -> None:
+        """Run a call that :meth:`inline` admitted, in the caller's thread, then free the group."""
         try:
-            self._execute(job)
+            self._execute(seq, planned, buffers, after)
         finally:
-            with self._cv:
+            with self._lock:
                 self.busy = False
-                self._finished()
-                if self._jobs:  # wake the progress thread only when it has work
+                if self.jobs:  # wake the progress thread only when it has work
                     self._cv.notify_all()
 
     def handed_off(self, job: Job, async_op: bool) -> Work | None:
@@ -79,22 +80,21 @@ class WorkQueue:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._jobs or self.busy:
-                    if self._stopping.is_set() and not self._jobs:
+                while not self.jobs or self.busy:
+                    if self._stopping.is_set() and not self.jobs:
                         return
                     self._cv.wait()
-                job = self._jobs.popleft()
+                job = self.jobs.popleft()
                 self.busy = True
             try:
                 if job.future.set_running_or_notify_cancel():
-                    self._execute(job)
+                    self._execute(job.seq, job.planned, job.buffers, job.after)
                     job.future.set_result(None)
             except BaseException as exc:  # delivered to whoever waits on the work
                 job.future.set_exception(exc)
             finally:
                 with self._cv:
                     self.busy = False
-                    self._finished()
                     self._cv.notify_all()
 
     def wake(self) -> None:
