@@ -51,6 +51,7 @@ CHALLENGE_SIZE = _CHALLENGE.size  # bytes the server sends first
 RESPONSE_SIZE = NONCE_SIZE + MAC_SIZE  # bytes the client answers
 PROOF_SIZE = MAC_SIZE  # bytes the server answers last
 REFUSAL = b"ARno" + bytes(PROOF_SIZE - 4)  # what the server answers instead of a proof to a wrong response
+STRANGER = b"ARus" + bytes(CHALLENGE_SIZE - 4)  # what it sends instead of a challenge to another user's process
 PUBLIC_KEY = b"allreduce: no ALLREDUCE_SECRET was set"  # well known: membership only, not secrecy
 _LENGTH = struct.Struct("!I")
 
@@ -87,9 +88,13 @@ def challenge() -> tuple[bytes, bytes]:
 
 
 def read_challenge(message: bytes) -> bytes:
-    """The server nonce in a challenge; ``ProtocolError`` if ``message`` is not one."""
+    """The server nonce in a challenge; ``AuthError`` if the server refused us (:data:`STRANGER`),
+    ``ProtocolError`` if ``message`` is not a challenge."""
     if len(message) != CHALLENGE_SIZE:
         raise ProtocolError(f"handshake challenge must be {CHALLENGE_SIZE} bytes, got {len(message)}")
+    if message == STRANGER:
+        raise AuthError("the server refused this connection: it comes from another user's process on the "
+                        "server's host (without ALLREDUCE_SECRET, the ranks of a host must run as one user)")
     magic, version, nonce = _CHALLENGE.unpack(message)
     if magic != MAGIC:
         raise ProtocolError(f"handshake challenge starts with {magic!r}, not {MAGIC!r} (not an allreduce server?)")

@@ -48,7 +48,7 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
     logs.configure(settings.debug)
     logs.tag(ranks[rank])
     topo = topology.discover(store, rank, size, timeout, settings.host_id)
-    security = Security.of(settings)
+    security = Security.of(settings).among(len(topo.hosts))
     transport, intra = connect(store, rank, size, topo, name, timeout, settings, security, shm_options)
     near = [r for r in topo.local_ranks if r != rank] if intra == "shm" else []
     _log.info("group %s: rank %d/%d reaches ranks %s by shared memory, ranks %s by TCP", name, rank, size,

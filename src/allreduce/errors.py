@@ -44,6 +44,10 @@ class GroupBroken(AllreduceError):
     """A previous collective failed; the group cannot be used again and must be re-created."""
 
 
+class Untrusted(AllreduceError, PermissionError):
+    """A call that would unpickle a peer's bytes in a group whose peers nothing proves to be of the job."""
+
+
 class RendezvousError(AllreduceError):
     """The ranks could not find each other (store unreachable, bad init_method, wrong world size)."""
 

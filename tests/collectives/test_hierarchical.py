@@ -5,7 +5,6 @@ memory inside each, TCP between them); and real separate network stacks (namespa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ import textwrap
 from support import netns
 import numpy as np
 import pytest
-from support.harness import free_port, run_ranks
+from support.harness import on_hosts, run_ranks
 from support.reference import counts_for, make_input, reduced, same
 
 import allreduce as dist
@@ -75,20 +74,6 @@ def test_host_id_override(monkeypatch):
 
 
 # ---- processes -----------------------------------------------------------------------------------
-
-def on_hosts(per_host: int, body):
-    """A rank body that joins a group as host ``rank // per_host`` (through ALLREDUCE_HOST_ID) first."""
-    port = free_port()
-
-    def run(rank, size):
-        os.environ["ALLREDUCE_HOST_ID"] = f"host{rank // per_host}"
-        dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=30)
-        try:
-            return body(rank, size)
-        finally:
-            dist.destroy_process_group()
-    return run
-
 
 def _checks(rank, size):
     group = dist.default_group()

@@ -100,3 +100,20 @@ def run_ranks(fn, size: int, timeout: float = 30.0, deadline: float = 120.0, ini
     if errors:
         raise RankFailed(errors)
     return values
+
+
+def on_hosts(per_host: int, body):
+    """A rank body (for ``run_ranks(..., init=False)``) that joins a group as host ``rank // per_host``
+    (through ALLREDUCE_HOST_ID) first."""
+    port = free_port()
+
+    def run(rank, size):
+        import allreduce as dist
+
+        os.environ["ALLREDUCE_HOST_ID"] = f"host{rank // per_host}"
+        dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=30)
+        try:
+            return body(rank, size)
+        finally:
+            dist.destroy_process_group()
+    return run

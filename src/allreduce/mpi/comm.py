@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from .. import api, rendezvous
+from .. import api, objects, rendezvous
 from .collectives import BufferCollectives
 from .datatypes import simple
 from . import p2p
@@ -164,6 +164,7 @@ class Comm(BufferCollectives, ObjectCollectives):
         self.isend(obj, dest, tag).wait()
 
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        objects.check_trusted(self.process_group(), "send/isend of an object")
         return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
@@ -171,6 +172,7 @@ class Comm(BufferCollectives, ObjectCollectives):
         return self.irecv(buf, source, tag).wait(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        objects.check_trusted(self.process_group(), "recv/irecv of an object")
         return p2p.receive(*self._p2p(), None, source, tag, _unpickled)
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,

@@ -46,6 +46,7 @@ class ObjectCollectives:
     def alltoall(self, sendobj) -> list:
         """Item j of every rank's list to rank j, which gets the list of what each rank sent it."""
         g = self.process_group()
+        objects.check_trusted(g, "alltoall")
         items = list(sendobj)
         if len(items) != g.size:
             raise ValueError(f"alltoall takes one item per rank ({g.size}), got {len(items)}")

@@ -9,7 +9,8 @@ and closes it if it fails or is too slow. With TLS in its :class:`~..security.Se
 handshake that requires the client's certificate (:mod:`allreduce.tls`) comes first, in the same
 time. When too many strangers are mid-handshake at once (idle sockets on the port, a scan, a flood),
 a new one pushes out the one that has waited longest, so a rank that dials in still gets its turn
-(and dials again if it was the one pushed out). What the store holds is capped by its
+(and dials again if it was the one pushed out). Without a secret or TLS, a process of another user on
+this host is refused before that (:meth:`~..security.Security.turn_away`). What the store holds is capped by its
 :class:`~.contents.StoreLimits`.
 """
 
@@ -79,6 +80,7 @@ class StoreServer:
             raise RendezvousError(f"cannot host the store at {host}:{port} ({exc}); use an address of this "
                                   f"host and a free port (MASTER_PORT or the tcp:// port)") from exc
         self.port = self._listener.getsockname()[1]
+        self._security = security
         self._key = security.key
         self._tls = security.tls
         self._max_strangers = 2 * backlog  # clients mid-handshake at once; a new one pushes out the oldest
@@ -136,6 +138,8 @@ class StoreServer:
                 sock, _ = self._listener.accept()
             except OSError:  # BlockingIOError when no one else is waiting
                 return
+            if self._security.turn_away(sock):
+                continue
             strangers = [peer for peer in self._peers if peer.auth is not None]
             if len(strangers) >= self._max_strangers:  # shed, don't pile up nor shut out who comes next
                 self._drop(min(strangers, key=lambda peer: peer.due))

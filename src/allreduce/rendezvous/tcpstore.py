@@ -181,6 +181,7 @@ class TCPStore(Store):
         sock = socket.create_connection(address, timeout=_left(due))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._security.check_listener(sock)
             if self._security.tls is not None:
                 sock = self._security.tls.dial(sock, due)
             auth.client_handshake(sock, self._security.key, HANDSHAKE_CONTEXT, due)

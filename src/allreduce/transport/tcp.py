@@ -312,6 +312,7 @@ class TcpPeering:
         self.size = size
         self.host = host
         self.digest = hello.group_digest(tag)
+        self.security = security
         self.key = security.key
         self.tls = security.tls
         self.dialers = range(rank + 1, size) if dialers is None else dialers  # who may dial: the mesh's higher ranks
@@ -342,6 +343,7 @@ class TcpPeering:
                 time.sleep(0.05)
                 continue
             try:
+                self.security.check_listener(sock)
                 if self.tls is not None:
                     sock = self.tls.dial(sock, deadline)
                 sock.sendall(greeting)
@@ -363,7 +365,9 @@ class TcpPeering:
         raise RendezvousError(f"rank {self.rank} could not connect to rank {peer} at {address}: {last}")
 
     def answer(self, sock: socket.socket, due: float) -> tuple[int, socket.socket] | None:
-        """Check an accepted connection's hello and proof; ``None`` (closed) for a stranger."""
+        """Check who made an accepted connection, then its hello and proof; ``None`` (closed) for a stranger."""
+        if self.security.turn_away(sock):
+            return None
         decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, self.dialers))
         try:
             if self.tls is not None:
