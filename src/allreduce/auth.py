@@ -19,7 +19,8 @@ The key is ``ALLREDUCE_SECRET`` (``allreduce run`` sets a fresh one per job unle
 read at the edge into :class:`~.settings.Settings` and handed down in a :class:`~.security.Security`.
 Without it the handshake still runs, keyed by a constant everyone knows: it then keeps out processes
 that speak another protocol or belong to another group, but anyone who can reach the port passes it.
-It checks membership; it does not authenticate. Only the start of a connection is protected: the
+It checks membership; it does not authenticate: the listeners then check who connects instead
+(:meth:`~.security.Security.turn_away`), and refuse another user's process with :data:`STRANGER`. Only the start of a connection is protected: the
 frames after the handshake are neither encrypted nor signed, so an attacker who can rewrite packets on
 the path can still tamper with them (set the ``ALLREDUCE_TLS_*`` variables, :mod:`.tls`, or use a
 private network or a VPN/IPsec, against that). With TLS the handshake runs inside it.

@@ -4,7 +4,8 @@ Links are set up once, when the group forms: every rank listens on the address i
 it in the store, connects to every lower rank and accepts every higher one (:mod:`.mesh`). A short
 hello (:mod:`.hello`: magic, the group's tag, both ranks) says which link a connection is meant to be,
 and the mutual challenge-response of :mod:`..auth`, bound to that hello, proves that both ends know
-the job's secret; any other connection is closed at once and the group forms without it. With the
+the job's secret (without one, a peer on this host must run as this user, :mod:`..peercred`); any
+other connection is closed at once and the group forms without it. With the
 ``ALLREDUCE_TLS_*`` variables set (the :class:`~..security.Security` given), a mutually authenticated
 TLS handshake (:mod:`..tls`) comes first and carries everything after it. Links use TCP keepalive, so a link that dies silently (cable,
 switch) while a rank waits on it errors within about ten seconds rather than only at the collective's
