@@ -38,13 +38,15 @@ class Owner(NamedTuple):
     uid: int | None
 
 
-def rows(text: str, byteorder: str = sys.byteorder) -> Iterator[Row]:
-    """The sockets listed in the text of ``/proc/net/tcp`` or ``/proc/net/tcp6`` (its header skipped).
+def rows(text: str, byteorder: str = sys.byteorder, port: int | None = None) -> Iterator[Row]:
+    """The sockets listed in the text of ``/proc/net/tcp`` or ``/proc/net/tcp6`` (its header skipped);
+    with ``port``, only those with an end on it (skipped unparsed: a busy host lists thousands).
 
     The kernel prints each address as 32-bit words in host byte order, ports big-endian, in hex.
     """
+    mark = None if port is None else f":{port:04X} "
     for line in text.splitlines()[1:]:
-        fields = line.split()
+        fields = line.split() if mark is None or mark in line else ()
         if len(fields) < 10:
             continue
         yield Row(_endpoint(fields[1], byteorder), _endpoint(fields[2], byteorder), int(fields[7]), int(fields[9]))
@@ -56,7 +58,7 @@ def owner(tables: Iterable[str], peer: tuple[str, int], me: tuple[str, int] | No
     ``me`` ``None``, who listens at ``peer`` (on its address or on all of them)."""
     address = _address(peer[0])
     for text in tables:
-        for row in rows(text, byteorder):
+        for row in rows(text, byteorder, peer[1]):
             if row.local[1] != peer[1]:
                 continue
             if me is None:

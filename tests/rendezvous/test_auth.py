@@ -16,7 +16,7 @@ from support.harness import free_port, run_ranks
 
 from support.paths import SRC
 import allreduce as dist
-from allreduce import auth
+from allreduce import auth, security
 
 from allreduce.errors import PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import HashStore, TCPStore
@@ -98,10 +98,18 @@ def test_responder_takes_bytes_in_pieces_and_holds_no_more_than_a_response():
     (b"ARau\x01" + bytes(31), "must be 37 bytes"),
     (b"HTTP/" + bytes(32), "not an allreduce server"),
     (b"ARau\x09" + bytes(32), "version 9"),
+    (auth.STRANGER, "another user's process"),
 ])
 def test_bad_challenges_are_protocol_errors(message, words):
     with pytest.raises(ProtocolError, match=words):
         auth.read_challenge(message)
+
+
+def test_a_secret_or_tls_proves_membership_and_one_host_trusts_uids():
+    assert not Security().proven and Security(b"abc").among(1).proven
+    assert Security().among(1).one_host and not Security().among(2).one_host
+    assert security.trusted(Settings(), 1) and not security.trusted(Settings(), 2)
+    assert security.trusted(Settings(secret="abc"), 2) and security.trusted(Settings(tls_cert="c", tls_key="k", tls_ca="ca"), 2)
 
 
 def test_key_comes_from_the_environment_with_a_public_fallback():

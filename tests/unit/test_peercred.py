@@ -38,6 +38,11 @@ def test_rows_decode_addresses_ports_uid_and_inode():
     assert six[1].local == (ipaddress.ip_address("127.0.0.1"), 40001)  # v4-mapped: the IPv4 address it is
 
 
+def test_rows_on_a_port():
+    assert [row.inode for row in peercred.rows(TCP, "little", 54321)] == [1002, 1003]  # either end on it
+    assert list(peercred.rows(TCP, "little", 1)) == []
+
+
 def test_rows_on_a_big_endian_host():
     text = HEADER + "   0: 7F000001:D431 7F000001:733C 01 0:0 0:0 0  7 0 9 1 0\n"
     assert next(peercred.rows(text, "big")).local == (ipaddress.ip_address("127.0.0.1"), 54321)
