@@ -19,11 +19,12 @@ The key is ``ALLREDUCE_SECRET`` (``allreduce run`` sets a fresh one per job unle
 read at the edge into :class:`~.settings.Settings` and handed down in a :class:`~.security.Security`.
 Without it the handshake still runs, keyed by a constant everyone knows: it then keeps out processes
 that speak another protocol or belong to another group, but anyone who can reach the port passes it.
-It checks membership; it does not authenticate: the listeners then check who connects instead
-(:meth:`~.security.Security.turn_away`), and refuse another user's process with :data:`STRANGER`. Only the start of a connection is protected: the
-frames after the handshake are neither encrypted nor signed, so an attacker who can rewrite packets on
-the path can still tamper with them (set the ``ALLREDUCE_TLS_*`` variables, :mod:`.tls`, or use a
-private network or a VPN/IPsec, against that). With TLS the handshake runs inside it.
+It checks membership; it does not authenticate: a server then also checks who passed it
+(:meth:`~.security.Security.admits`) and answers another user's process :data:`STRANGER`. Only the
+start of a connection is protected: the frames after the handshake are neither encrypted nor signed,
+so an attacker who can rewrite packets on the path can still tamper with them (set the
+``ALLREDUCE_TLS_*`` variables, :mod:`.tls`, or use a private network or a VPN/IPsec, against that).
+With TLS the handshake runs inside it.
 
 Everything here but the two blocking helpers is sans-I/O (bytes in, bytes out): :class:`Responder`
 is the server's half for an event loop, :func:`client_handshake` and :func:`server_handshake` run
@@ -39,6 +40,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 from .addresses import is_loopback
 from .errors import ProtocolError
@@ -52,7 +54,7 @@ CHALLENGE_SIZE = _CHALLENGE.size  # bytes the server sends first
 RESPONSE_SIZE = NONCE_SIZE + MAC_SIZE  # bytes the client answers
 PROOF_SIZE = MAC_SIZE  # bytes the server answers last
 REFUSAL = b"ARno" + bytes(PROOF_SIZE - 4)  # what the server answers instead of a proof to a wrong response
-STRANGER = b"ARus" + bytes(CHALLENGE_SIZE - 4)  # what it sends instead of a challenge to another user's process
+STRANGER = b"ARus" + bytes(PROOF_SIZE - 4)  # what it answers instead of a proof to another user's process
 PUBLIC_KEY = b"allreduce: no ALLREDUCE_SECRET was set"  # well known: membership only, not secrecy
 _LENGTH = struct.Struct("!I")
 
@@ -89,13 +91,9 @@ def challenge() -> tuple[bytes, bytes]:
 
 
 def read_challenge(message: bytes) -> bytes:
-    """The server nonce in a challenge; ``AuthError`` if the server refused us (:data:`STRANGER`),
-    ``ProtocolError`` if ``message`` is not a challenge."""
+    """The server nonce in a challenge; ``ProtocolError`` if ``message`` is not one."""
     if len(message) != CHALLENGE_SIZE:
         raise ProtocolError(f"handshake challenge must be {CHALLENGE_SIZE} bytes, got {len(message)}")
-    if message == STRANGER:
-        raise AuthError("the server refused this connection: it comes from another user's process on the "
-                        "server's host (without ALLREDUCE_SECRET, the ranks of a host must run as one user)")
     magic, version, nonce = _CHALLENGE.unpack(message)
     if magic != MAGIC:
         raise ProtocolError(f"handshake challenge starts with {magic!r}, not {MAGIC!r} (not an allreduce server?)")
@@ -185,18 +183,28 @@ def client_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: 
     if proof == REFUSAL:
         raise AuthError("the server refused our proof: it has another secret (set the same "
                         "ALLREDUCE_SECRET on every rank)")
+    if proof == STRANGER:
+        raise AuthError("the server refused this connection: it comes from another user's process on the "
+                        "server's host (without ALLREDUCE_SECRET, the ranks of a host must run as one user)")
     check_proof(key, context, server_nonce, client_nonce, proof)
 
 
-def server_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: float) -> None:
-    """Run the server's half on ``sock`` by ``deadline``; ``AuthError`` or ``OSError`` when it fails."""
+def server_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: float,
+                     admits: Callable[[socket.socket], bool] = lambda sock: True) -> None:
+    """Run the server's half on ``sock`` by ``deadline``; ``AuthError`` or ``OSError`` when it fails.
+
+    A client that passed is let in only if ``admits(sock)`` (else it is answered :data:`STRANGER`).
+    """
     responder = Responder(key, context)
     sock.settimeout(max(deadline - time.monotonic(), 0.001))
     sock.sendall(responder.greeting)
     reply, _ = responder.feed(_recv_exactly(sock, RESPONSE_SIZE, deadline))
-    sock.sendall(reply)
+    stranger = responder.passed and not admits(sock)
+    sock.sendall(STRANGER if stranger else reply)
     if not responder.passed:
         raise AuthError("the client's proof is wrong: it does not know this job's secret")
+    if stranger:
+        raise AuthError("the client is another user's process")
 
 
 def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:

@@ -51,19 +51,14 @@ class Security:
         """This security for a group whose ranks run on ``hosts`` hosts."""
         return dataclasses.replace(self, one_host=hosts == 1)
 
-    def turn_away(self, sock: socket.socket) -> bool:
-        """Whether a connection just accepted is refused for who made it (checked only when the key
-        proves nothing); a refused one is told so (:data:`.auth.STRANGER`), closed and logged."""
+    def admits(self, sock: socket.socket) -> bool:
+        """Whether the process that made an accepted connection may join (checked only when the key
+        proves nothing). Asked once it has passed the handshake, so junk that never answers costs no
+        look-up; a refusal is logged, and the caller answers :data:`.auth.STRANGER` and closes."""
         why = self._stranger(sock, accepted=True)
-        if why is None:
-            return False
-        _log.warning("allreduce: refused a connection without ALLREDUCE_SECRET: %s", why)
-        try:
-            sock.sendall(auth.STRANGER)
-        except OSError:
-            pass
-        sock.close()
-        return True
+        if why is not None:
+            _log.warning("allreduce: refused a connection without ALLREDUCE_SECRET: %s", why)
+        return why is None
 
     def check_listener(self, sock: socket.socket) -> None:
         """``AuthError`` if the process listening where ``sock`` connected is not of the job (checked

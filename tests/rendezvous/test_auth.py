@@ -98,7 +98,6 @@ def test_responder_takes_bytes_in_pieces_and_holds_no_more_than_a_response():
     (b"ARau\x01" + bytes(31), "must be 37 bytes"),
     (b"HTTP/" + bytes(32), "not an allreduce server"),
     (b"ARau\x09" + bytes(32), "version 9"),
-    (auth.STRANGER, "another user's process"),
 ])
 def test_bad_challenges_are_protocol_errors(message, words):
     with pytest.raises(ProtocolError, match=words):
@@ -132,7 +131,7 @@ def test_warning_only_for_exposed_addresses_without_a_secret(caplog, monkeypatch
 
 # ---- over a socket --------------------------------------------------------------------------------
 
-def over_socketpair(client_key: bytes, server_key: bytes):
+def over_socketpair(client_key: bytes, server_key: bytes, server=auth.server_handshake):
     """Run both blocking halves on a socket pair; return what each raised (or None)."""
     a, b = socket.socketpair()
     errors = {}
@@ -144,7 +143,7 @@ def over_socketpair(client_key: bytes, server_key: bytes):
         except Exception as exc:  # collected for the assertions
             errors[name] = exc
 
-    threads = [threading.Thread(target=side, args=("server", auth.server_handshake, a, server_key)),
+    threads = [threading.Thread(target=side, args=("server", server, a, server_key)),
                threading.Thread(target=side, args=("client", auth.client_handshake, b, client_key))]
     for t in threads:
         t.start()
@@ -163,6 +162,12 @@ def test_blocking_halves_both_fail_on_different_secrets():
     errors = over_socketpair(OTHER, KEY)
     assert isinstance(errors["server"], auth.AuthError)
     assert isinstance(errors["client"], auth.AuthError) and "ALLREDUCE_SECRET" in str(errors["client"])
+
+
+def test_a_server_that_does_not_admit_the_client_says_it_is_another_users():
+    errors = over_socketpair(KEY, KEY, lambda *args: auth.server_handshake(*args, admits=lambda sock: False))
+    assert isinstance(errors["server"], auth.AuthError)
+    assert isinstance(errors["client"], auth.AuthError) and "another user's process" in str(errors["client"])
 
 
 def test_silent_server_times_out_at_the_deadline():

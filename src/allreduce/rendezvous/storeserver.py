@@ -9,9 +9,9 @@ and closes it if it fails or is too slow. With TLS in its :class:`~..security.Se
 handshake that requires the client's certificate (:mod:`allreduce.tls`) comes first, in the same
 time. When too many strangers are mid-handshake at once (idle sockets on the port, a scan, a flood),
 a new one pushes out the one that has waited longest, so a rank that dials in still gets its turn
-(and dials again if it was the one pushed out). Without a secret or TLS, a process of another user on
-this host is refused before that (:meth:`~..security.Security.turn_away`). What the store holds is capped by its
-:class:`~.contents.StoreLimits`.
+(and dials again if it was the one pushed out). Without a secret or TLS, a client that passed the
+handshake is still refused if it is another user's process on this host
+(:meth:`~..security.Security.admits`). What the store holds is capped by its :class:`~.contents.StoreLimits`.
 """
 
 from __future__ import annotations
@@ -138,8 +138,6 @@ class StoreServer:
                 sock, _ = self._listener.accept()
             except OSError:  # BlockingIOError when no one else is waiting
                 return
-            if self._security.turn_away(sock):
-                continue
             strangers = [peer for peer in self._peers if peer.auth is not None]
             if len(strangers) >= self._max_strangers:  # shed, don't pile up nor shut out who comes next
                 self._drop(min(strangers, key=lambda peer: peer.due))
@@ -191,14 +189,16 @@ class StoreServer:
         """Feed the handshake; once the response is in, answer it and return what followed it.
 
         Raises:
-            AuthError: the response was wrong (the refusal is sent; the caller drops the peer).
+            AuthError: the response was wrong, or its maker is another user's process (the refusal is sent;
+                the caller drops the peer).
         """
         reply, rest = peer.auth.feed(data)
         if reply is not None:
-            peer.out.append(memoryview(reply))
+            stranger = peer.auth.passed and not self._security.admits(peer.sock)
+            peer.out.append(memoryview(auth.STRANGER if stranger else reply))
             self._flush(peer)
-            if not peer.auth.passed:
-                raise auth.AuthError("a client failed the handshake")
+            if not peer.auth.passed or stranger:
+                raise auth.AuthError("a client failed the handshake, or is another user's process")
             peer.auth = None
         return rest
 

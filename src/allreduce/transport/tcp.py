@@ -366,9 +366,7 @@ class TcpPeering:
         raise RendezvousError(f"rank {self.rank} could not connect to rank {peer} at {address}: {last}")
 
     def answer(self, sock: socket.socket, due: float) -> tuple[int, socket.socket] | None:
-        """Check who made an accepted connection, then its hello and proof; ``None`` (closed) for a stranger."""
-        if self.security.turn_away(sock):
-            return None
+        """Check an accepted connection's hello, proof and maker; ``None`` (closed) for a stranger."""
         decoder = hello.Decoder(HELLO, hello.Expected(self.rank, self.digest, self.dialers))
         try:
             if self.tls is not None:
@@ -380,7 +378,7 @@ class TcpPeering:
                 if not chunk:
                     raise ProtocolError("connection closed during the hello")
                 greeting, _ = decoder.feed(chunk)
-            auth.server_handshake(sock, self.key, b"peer" + HELLO.encode(greeting), due)
+            auth.server_handshake(sock, self.key, b"peer" + HELLO.encode(greeting), due, self.security.admits)
             _tune(sock)
             sock.settimeout(None)
             return greeting.sender, sock
