@@ -139,14 +139,14 @@ class Comm(BufferCollectives, ObjectCollectives):
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send the buffer; returns once it is on its way (a large one: once its receive is posted)."""
-        self.Isend(buf, dest, tag).Wait()
+        self.Isend(buf, dest, tag).finish()
 
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         """Start sending the buffer, which must not change until the request is done."""
         return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
-        self.Irecv(buf, source, tag).Wait(status)
+        self.Irecv(buf, source, tag).finish(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
@@ -157,18 +157,18 @@ class Comm(BufferCollectives, ObjectCollectives):
         """Send and receive at once: the receive is posted first, so a ring of them never deadlocks."""
         receiving = self.Irecv(recvbuf, source, recvtag)
         sending = self.Isend(sendbuf, dest, sendtag)
-        receiving.Wait(status)
-        sending.Wait()
+        receiving.finish(status)
+        sending.finish()
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).wait()
+        self.isend(obj, dest, tag).finish()
 
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
         return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
         """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
-        return self.irecv(buf, source, tag).wait(status)
+        return self.irecv(buf, source, tag).finish(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         return p2p.receive(*self._p2p(), None, source, tag, _unpickled)
@@ -177,8 +177,8 @@ class Comm(BufferCollectives, ObjectCollectives):
                  recvtag: int = ANY_TAG, status: Status | None = None):
         receiving = self.irecv(recvbuf, source, recvtag)
         sending = self.isend(sendobj, dest, sendtag)
-        value = receiving.wait(status)
-        sending.wait()
+        value = receiving.finish(status)
+        sending.finish()
         return value
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:

@@ -64,13 +64,16 @@ class Request:
         self._done, self._value = False, None
         self._envelope = envelope  # (source, tag, nbytes) of a received message, once known
 
-    def _complete(self, block: bool, status: Status | None):
+    def _complete(self, block: bool, status: Status | None, blocking: bool = False):
         if not self._done:
             work = self._work
             if work is not None:
                 if not block and not work.is_completed():
                     return False
-                work.wait()  # raises the operation's error
+                if blocking:
+                    work.complete()
+                else:
+                    work.wait()  # raises the operation's error
                 if getattr(work, "source", None) is not None:
                     self._envelope = (work.source, work.tag, work.nbytes)
             self._done = True
@@ -82,6 +85,12 @@ class Request:
     def Wait(self, status: Status | None = None) -> bool:
         self._complete(True, status)
         return True
+
+    def finish(self, status: Status | None = None):
+        """Wait as a blocking call (``Send``, ``Recv``) does, and return the value: an exception escaping
+        the wait cancels the operation or breaks the group (:meth:`~allreduce.p2p.P2PWork.complete`)."""
+        self._complete(True, status, blocking=True)
+        return self._value
 
     def Test(self, status: Status | None = None) -> bool:
         return self._complete(False, status)

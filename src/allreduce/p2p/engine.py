@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from .. import wire
-from ..errors import AllreduceError, CommTimeout, PeerLost, with_peer
+from ..errors import AllreduceError, CommTimeout, Interrupted, PeerLost, with_peer
 from ..security import Security
 from ..transport.tcp import TcpPeering
 from . import nearby
@@ -216,6 +216,22 @@ class Engine(Receiving, Failing, Progress):
             if not op.finished:
                 self._fail(with_peer(CommTimeout(f"rank {self.rank}/{self.size}: {op.what} timed out after "
                                                  f"{self.timeout:g}s {self._waiting_for(op)}"), self._peer_of(op)), op)
+            done = self._settle()
+        self._resolve(done)
+
+    def interrupted(self, op: Op, exc: BaseException) -> None:
+        """``exc`` (the caller's: a signal handler's, ``KeyboardInterrupt``) escaped the blocking wait for
+        ``op``. A receive nothing has matched yet is unposted; anything else unfinished (a receive taking
+        its payload, a send not all in the kernel or announced) breaks the engine: no later operation
+        may take its message, nor send from the caller's buffer once it is refilled."""
+        with self._cv:
+            if not op.finished:
+                error = Interrupted(f"rank {self.rank}/{self.size}: {op.what} was interrupted by {type(exc).__name__}")
+                if isinstance(op, Recv) and op.got is None:
+                    self._matcher.withdraw(op)
+                    self._finish(op, error)
+                else:
+                    self._fail(error, op)
             done = self._settle()
         self._resolve(done)
 

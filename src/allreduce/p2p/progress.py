@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from ..errors import AllreduceError, GroupBroken, PeerLost, with_peer
+from ..errors import AllreduceError, GroupBroken, Interrupted, PeerLost, with_peer
 from ..transport import mesh
 from .link import Link
 
@@ -112,7 +112,12 @@ class Progress:
                 if not events:
                     events = poller.poll(wait * 1000.0)
                 with self._cv:
-                    self._handle(events, watched)
+                    try:
+                        self._handle(events, watched)
+                    except BaseException as exc:  # cut short mid-frame: the links' state cannot be trusted
+                        self._fail(Interrupted(f"rank {self.rank}/{self.size}: point-to-point progress was "
+                                               f"interrupted by {type(exc).__name__}"))
+                        raise
                     settled = self._settle()
                 self._resolve(settled)
         finally:
