@@ -218,8 +218,14 @@ def init_world():
         else:
             api.init_process_group()
         if not _finalize_at_exit:
-            _finalize_at_exit.append(atexit.register(finalize))
+            _finalize_at_exit.append(atexit.register(_at_exit))
     return api.default_group()
+
+
+def _at_exit() -> None:
+    """:func:`finalize`, except in a fork() child, whose default group is its parent's."""
+    if api.is_initialized() and not api.default_group().forked:
+        finalize()
 
 
 def finalize() -> None:

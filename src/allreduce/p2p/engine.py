@@ -98,6 +98,7 @@ class Engine(Receiving, Failing, Progress):
         self._failure: AllreduceError | None = None
         self._told: AllreduceError | None = None  # a failure to report to on_failure, outside the lock
         self._closed = False
+        self._foreign: str | None = None  # set in a fork() child: every call raises it (see disown)
         self.identity = nearby.Identity()  # the first frame on every link this rank dials
         self._self_sent = 0  # messages sent to this rank itself
         self._received = 0  # receives posted (their numbers)
@@ -129,6 +130,7 @@ class Engine(Receiving, Failing, Progress):
         Raises:
             GroupBroken: after a failure, or once closed.
         """
+        self._owned()
         with self._cv:
             self._check()
             if dest == self.rank:
@@ -158,6 +160,7 @@ class Engine(Receiving, Failing, Progress):
         Raises:
             GroupBroken: after a failure, or once closed.
         """
+        self._owned()
         with self._cv:
             self._check()
             self._received += 1
@@ -193,6 +196,7 @@ class Engine(Receiving, Failing, Progress):
                 found.append((message.source, message.tag, message.nbytes))
             return bool(found)
 
+        self._owned()
         with self._cv:
             self._check()
             if seen() or not block:
@@ -218,6 +222,15 @@ class Engine(Receiving, Failing, Progress):
                                                  f"{self.timeout:g}s {self._waiting_for(op)}"), self._peer_of(op)), op)
             done = self._settle()
         self._resolve(done)
+
+    def disown(self, why: str) -> None:
+        """This process is a fork() child of the engine's: every call raises ``RuntimeError(why)``, and the
+        parent's links and threads are left alone."""
+        self._foreign = why
+
+    def _owned(self) -> None:
+        if self._foreign is not None:  # before the lock, which the parent may have held at fork
+            raise RuntimeError(self._foreign)
 
     def interrupted(self, op: Op, exc: BaseException) -> None:
         """``exc`` (the caller's: a signal handler's, ``KeyboardInterrupt``) escaped the blocking wait for
