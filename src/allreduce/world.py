@@ -13,7 +13,7 @@ from typing import Union
 
 from . import logs, rendezvous, topology
 from .arguments import Timeout, timeout_seconds
-from .bootstrap import form_group, leave
+from .bootstrap import form_group, leave, release
 from .runtime import ProcessGroup
 from .planner import determinism
 from .security import Security
@@ -91,11 +91,12 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if isinstance(group, ProcessGroup):
             group.close()
             _State.groups.remove(group)
+            release(group.store, group.size)
         return
     world = default_group()
-    for g in _State.groups:
+    for g in [*_State.groups, world]:
         g.close()
-    world.close()
+        release(g.store, g.size)
     _State.world, _State.groups = None, []
     leave(world.store, world.size, wait=world.healthy)
 
