@@ -21,7 +21,8 @@ from .rendezvous import LEFT_KEY
 from .security import Security
 from .settings import Settings
 from .timeline import TimelineTransport
-from .transport import shm
+from .errors import ResourceExhausted, exhausted
+from .transport import mesh, shm
 from .transport.routed import RoutedTransport
 from .transport.tcp import TcpPeering, TcpTransport
 
@@ -31,7 +32,7 @@ GOODBYE_S = 1.0  # seconds the others give their goodbye: longer, and the store'
 CLOSED_KEY = "closed"  # where the members of a group count out as they destroy it
 # What a group writes per rank ("<kind>/<rank>"): host ids (topology), the mesh's and point-to-point
 # addresses, heartbeats and failure reports (runtime.health).
-RANK_KEYS = ("host", TcpPeering.kind, shm.ShmTransport.kind, P2PPeering.kind, "progress", "failed")
+RANK_KEYS = ("host", TcpPeering.kind, shm.ShmTransport.kind, P2PPeering.kind, "progress", mesh.FAILED)
 
 
 def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int],
@@ -48,10 +49,29 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
 
     Raises:
         RendezvousError: a peer could not be reached in time. ValueError: settings that cannot apply.
+        ResourceExhausted: this rank ran out of descriptors or memory (told to the peers through the store).
     """
     check_forced_algorithm(settings.algorithm)
     logs.configure(settings.debug)
     logs.tag(ranks[rank])
+    try:
+        return _form(store, rank, size, timeout, name, ranks, settings, shm_options)
+    except (OSError, ResourceExhausted) as exc:
+        error = exc if isinstance(exc, ResourceExhausted) else exhausted(exc, f"rank {rank}/{size}: forming "
+                                                                              f"process group '{name}'")
+        if error is None:
+            raise
+        try:  # the peers waiting for this rank's addresses read why, instead of waiting out the timeout
+            store.within(GOODBYE_S).set(f"{mesh.FAILED}/{rank}", f"{type(error).__name__}: {error}".encode())
+        except Exception:
+            pass
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _form(store, rank: int, size: int, timeout: float, name: str, ranks: list[int], settings: Settings,
+          shm_options: shm.ShmOptions | None) -> ProcessGroup:
     topo = topology.discover(store, rank, size, timeout, settings.host_id)
     security = Security.of(settings)
     transport, intra = connect(store, rank, size, topo, name, timeout, settings, security, shm_options)
