@@ -15,13 +15,13 @@ import time
 
 from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
+from .errors import ResourceExhausted, exhausted
 from .p2p.engine import P2PPeering
 from .runtime import ProcessGroup
 from .rendezvous import LEFT_KEY
 from .security import Security
 from .settings import Settings
 from .timeline import TimelineTransport
-from .errors import ResourceExhausted, exhausted
 from .transport import mesh, shm
 from .transport.routed import RoutedTransport
 from .transport.tcp import TcpPeering, TcpTransport

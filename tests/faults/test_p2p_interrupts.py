@@ -12,6 +12,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 from support.harness import run_ranks
 
 import allreduce as dist
@@ -68,10 +69,18 @@ def test_an_interrupted_blocking_recv_is_cancelled_and_the_retry_gets_the_next_m
         assert got == [1.0, 2.0], api
 
 
-def _refilled_send(rank, size):
+def _refilled_send(api: str):
+    return lambda rank, size: _refilled(rank, api)
+
+
+def _refilled(rank, api: str):
+    """Rank 0's announced send (alone, or MPI's Sendrecv, whose receive never matches) is interrupted
+    before rank 1 posts its receive, and rank 0 refills the buffer."""
     x = np.ones(LARGE, np.float32)
     if rank == 0:
-        first = _interrupted(lambda: dist.send(x, dst=1, tag=3))
+        sending = (lambda: dist.send(x, dst=1, tag=3)) if api == "torch" else (
+            lambda: MPI.COMM_WORLD.Sendrecv(x, dest=1, sendtag=3, recvbuf=np.zeros(1), source=1, recvtag=9))
+        first = _interrupted(sending)
         x[:] = 7.0  # the caller reuses its buffer, as after any failed call
         time.sleep(2 * LATE_S)  # alive while the peer posts its receive
         try:
@@ -81,14 +90,18 @@ def _refilled_send(rank, size):
         return first, "no error"
     time.sleep(LATE_S)
     try:
-        dist.recv(x, src=0, tag=3)
+        if api == "torch":
+            dist.recv(x, src=0, tag=3)
+        else:
+            MPI.COMM_WORLD.Recv(x, source=0, tag=3)
     except dist.AllreduceError as exc:
         return type(exc).__name__, str(exc)
     return "no error", int(np.count_nonzero(x == 7.0))
 
 
-def test_an_interrupted_announced_send_is_never_delivered_from_the_refilled_buffer():
-    (first, later), (kind, detail) = run_ranks(_refilled_send, 2, timeout=20, deadline=60)
+@pytest.mark.parametrize("api", ["torch", "mpi"])
+def test_an_interrupted_announced_send_is_never_delivered_from_the_refilled_buffer(api):
+    (first, later), (kind, detail) = run_ranks(_refilled_send(api), 2, timeout=20, deadline=60)
     assert first == "interrupted"
     assert later == "GroupBroken"
     assert kind in ("PeerLost", "GroupBroken"), (kind, detail)

@@ -157,8 +157,7 @@ class Comm(BufferCollectives, ObjectCollectives):
         """Send and receive at once: the receive is posted first, so a ring of them never deadlocks."""
         receiving = self.Irecv(recvbuf, source, recvtag)
         sending = self.Isend(sendbuf, dest, sendtag)
-        receiving.finish(status)
-        sending.finish()
+        p2p.exchange(receiving, sending, status)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).finish()
@@ -177,9 +176,7 @@ class Comm(BufferCollectives, ObjectCollectives):
                  recvtag: int = ANY_TAG, status: Status | None = None):
         receiving = self.irecv(recvbuf, source, recvtag)
         sending = self.isend(sendobj, dest, sendtag)
-        value = receiving.finish(status)
-        sending.finish()
-        return value
+        return p2p.exchange(receiving, sending, status)
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
         """Wait until a message from ``source`` with ``tag`` can be received; describe it in ``status``."""

@@ -92,6 +92,11 @@ class Request:
         self._complete(True, status, blocking=True)
         return self._value
 
+    def interrupted(self, exc: BaseException) -> None:
+        """The blocking call this request is part of was cut short by ``exc`` (see :meth:`finish`)."""
+        if self._work is not None and not self._done:
+            self._work.interrupted(exc)
+
     def Test(self, status: Status | None = None) -> bool:
         return self._complete(False, status)
 
@@ -121,6 +126,18 @@ class Request:
     def testall(requests, statuses=None):
         done = Request.Testall(requests, statuses)
         return done, ([r.wait() for r in requests] if done else None)
+
+
+def exchange(receiving: Request, sending: Request, status: Status | None):
+    """Finish a sendrecv's receive, then its send, as blocking calls: an exception escaping the receive
+    cancels the send too (or breaks the group), so the caller's send buffer is free once it returns."""
+    try:
+        value = receiving.finish(status)
+    except BaseException as exc:
+        sending.interrupted(exc)
+        raise
+    sending.finish()
+    return value
 
 
 def send(engine, size: int, payload: np.ndarray, dest: int, tag: int) -> Request:

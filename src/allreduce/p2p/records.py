@@ -137,8 +137,12 @@ class P2PWork(Work):
         try:
             self.wait()
         except BaseException as exc:
-            self._engine.interrupted(self._op, exc)
+            self.interrupted(exc)
             raise
+
+    def interrupted(self, exc: BaseException) -> None:
+        """The blocking call this operation is part of was cut short by ``exc``: cancel it, or break the group."""
+        self._engine.interrupted(self._op, exc)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; re-raise its error. Returns ``True`` like torch.

@@ -105,7 +105,7 @@ class ProcessGroup:
         so every call (destroy included) raises ``RuntimeError`` and nothing here touches them."""
         why = (f"rank {self.rank}/{self.size}: process group '{self.name}' was formed in process {self.pid}, "
                f"and this process ({os.getpid()}) is a fork() of it: a forked child cannot use or destroy its "
-               "parent's groups; form its own (init_process_group) in the child, or fork before forming any")
+               "parent's groups; fork before forming any, or start it with multiprocessing's 'spawn' method")
         self._life.disown(why)
         if self.p2p is not None:
             self.p2p.disown(why)
