@@ -254,6 +254,7 @@ def split_group(parent_pg: Group = None, split_ranks: Iterable[Iterable[int]] | 
 def _subgroup(name: str, rank: int, ranks: list[int], timeout: Timeout, inherited: float) -> ProcessGroup:
     """Form the group ``name`` of the world ranks ``ranks`` (this one is ``rank`` in it), with the
     default group's settings; the default group's destruction closes it. ``timeout``: ``inherited`` if unset."""
+    default_group().check_owner()  # a fork() child must not talk on its parent's store connection
     group = form_group(default_group().store.prefix(name), rank, len(ranks),
                        timeout_seconds(timeout) if timeout else inherited, name, ranks, _State.settings,
                        _State.shm_options)

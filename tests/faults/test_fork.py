@@ -29,6 +29,7 @@ def _child(how: str, group) -> None:
             for call in (lambda: dist.all_reduce(np.ones(4, np.float32)),
                          lambda: dist.all_reduce(np.ones(4, np.float32), group=group),
                          lambda: dist.send(np.ones(4, np.float32), dst=1),
+                         lambda: dist.new_group(),
                          lambda: dist.destroy_process_group(group),
                          lambda: dist.destroy_process_group()):
                 try:

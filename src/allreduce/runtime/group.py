@@ -110,6 +110,10 @@ class ProcessGroup:
         if self.p2p is not None:
             self.p2p.disown(why)
 
+    def check_owner(self) -> None:
+        """``RuntimeError`` in a fork() child of :attr:`pid` (see :meth:`disown`)."""
+        self._life.check_owner()
+
     @property
     def forked(self) -> bool:
         """Whether this process is a fork() child of the one that formed the group (see :meth:`disown`)."""
