@@ -7,13 +7,11 @@ so both ranks waited the group's whole timeout.)
 
 from __future__ import annotations
 
-import errno
-import os
-import resource
 import time
 
 import numpy as np
 import pytest
+from support.descriptors import exhaust, restore
 from support.harness import run_ranks
 
 import allreduce as dist
@@ -22,32 +20,13 @@ TIMEOUT = 60.0  # the group's: an error must come long before it
 FAST_S = 15.0
 
 
-def _exhaust() -> tuple[tuple[int, int], list[int]]:
-    """Leave this process no free descriptor; returns what :func:`_restore` needs."""
-    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1, limits[1]))
-    fillers = []
-    while True:  # the gaps below the limit
-        try:
-            fillers.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
-            return limits, fillers
-
-
-def _restore(limits, fillers) -> None:
-    for fd in fillers:
-        os.close(fd)
-    resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-
-
 def _exhausted(call):
     """``call(rank)`` on both ranks, rank 1 left without a free descriptor: (its outcome, seconds it took)."""
     def body(rank, size):
         dist.barrier()
         start = time.monotonic()
         if rank == 1:
-            limits, fillers = _exhaust()
+            limits, fillers = exhaust()
         try:
             call(rank)
             outcome = "no error", ""
@@ -55,7 +34,7 @@ def _exhausted(call):
             outcome = type(exc).__name__, str(exc)
         finally:
             if rank == 1:
-                _restore(limits, fillers)
+                restore(limits, fillers)
         return outcome, time.monotonic() - start
     return body
 
