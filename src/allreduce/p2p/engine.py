@@ -319,15 +319,23 @@ class Engine(Receiving, Failing, Progress):
         return done
 
     def _resolve(self, done: list) -> None:
-        """Settle futures (their callbacks run here) and report a failure, outside the lock."""
+        """Settle futures (their callbacks run here) and report a failure, outside the lock. An exception
+        raised meanwhile (a signal handler's) waits until all are settled: a future left unsettled would
+        hold its waiter forever."""
+        raised = None
         for future, error in done:
-            if future is None:
-                if self.on_failure is not None:
-                    self.on_failure(error)
-            elif error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            try:
+                if future is None:
+                    if self.on_failure is not None:
+                        self.on_failure(error)
+                elif error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+            except BaseException as exc:
+                raised = raised or exc
+        if raised is not None:
+            raise raised
 
     # ---- links -----------------------------------------------------------------------------------
 
