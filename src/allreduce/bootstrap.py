@@ -15,18 +15,24 @@ import time
 
 from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
+from .errors import ResourceExhausted, exhausted
+from .p2p.engine import P2PPeering
 from .runtime import ProcessGroup
 from .rendezvous import LEFT_KEY
 from .security import Security
 from .settings import Settings
 from .timeline import TimelineTransport
-from .transport import shm
+from .transport import mesh, shm
 from .transport.routed import RoutedTransport
-from .transport.tcp import TcpTransport
+from .transport.tcp import TcpPeering, TcpTransport
 
 _log = logs.get("transport")
 LEAVE_GRACE = 5.0  # seconds the store host waits at exit for the others to finish with the store
 GOODBYE_S = 1.0  # seconds the others give their goodbye: longer, and the store's host is frozen or gone
+CLOSED_KEY = "closed"  # where the members of a group count out as they destroy it
+# What a group writes per rank ("<kind>/<rank>"): host ids (topology), the mesh's and point-to-point
+# addresses, heartbeats and failure reports (runtime.health).
+RANK_KEYS = ("host", TcpPeering.kind, shm.ShmTransport.kind, P2PPeering.kind, "progress", mesh.FAILED)
 
 
 def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: list[int],
@@ -43,10 +49,29 @@ def form_group(store, rank: int, size: int, timeout: float, name: str, ranks: li
 
     Raises:
         RendezvousError: a peer could not be reached in time. ValueError: settings that cannot apply.
+        ResourceExhausted: this rank ran out of descriptors or memory (told to the peers through the store).
     """
     check_forced_algorithm(settings.algorithm)
     logs.configure(settings.debug)
     logs.tag(ranks[rank])
+    try:
+        return _form(store, rank, size, timeout, name, ranks, settings, shm_options)
+    except (OSError, ResourceExhausted) as exc:
+        error = exc if isinstance(exc, ResourceExhausted) else exhausted(exc, f"rank {rank}/{size}: forming "
+                                                                              f"process group '{name}'")
+        if error is None:
+            raise
+        try:  # the peers waiting for this rank's addresses read why, instead of waiting out the timeout
+            store.within(GOODBYE_S).set(f"{mesh.FAILED}/{rank}", f"{type(error).__name__}: {error}".encode())
+        except Exception:
+            pass
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _form(store, rank: int, size: int, timeout: float, name: str, ranks: list[int], settings: Settings,
+          shm_options: shm.ShmOptions | None) -> ProcessGroup:
     topo = topology.discover(store, rank, size, timeout, settings.host_id)
     security = Security.of(settings).among(len(topo.hosts))
     transport, intra = connect(store, rank, size, topo, name, timeout, settings, security, shm_options)
@@ -106,6 +131,22 @@ def bind_host(store, settings: Settings) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
         probe.connect((host, getattr(store, "port", 9)))
         return probe.getsockname()[0]
+
+
+def release(store, size: int) -> None:
+    """Count this rank out of the destroyed group whose keys ``store`` holds; the last one out deletes
+    them all (peers may read a rank's keys until they close too), so that a job forming groups in a loop
+    stays within the store's limits. Bounded and best effort, as leaving is."""
+    try:
+        if store.within(GOODBYE_S).add(CLOSED_KEY, 1) < size:
+            return
+        bounded = store.within(LEAVE_GRACE)
+        for rank in range(size):
+            for kind in RANK_KEYS:
+                bounded.delete_key(f"{kind}/{rank}")
+        bounded.delete_key(CLOSED_KEY)
+    except Exception:  # the store host may be gone, or the grace over (CommTimeout)
+        pass
 
 
 def leave(store, size: int, wait: bool = True) -> None:

@@ -183,7 +183,7 @@ def send(tensor: Tensor, dst: int, group: Group = None, tag: int = 0) -> None:
         if rank == 0: dist.send(np.arange(3.0), dst=1, tag=7)
         else: dist.recv(x, src=0, tag=7)   # x: [0., 1., 2.]
     """
-    isend(tensor, dst, group, tag).wait()
+    isend(tensor, dst, group, tag).complete()
 
 
 def recv(tensor: Tensor, src: int | None = None, group: Group = None, tag: int = 0) -> int:
@@ -196,7 +196,7 @@ def recv(tensor: Tensor, src: int | None = None, group: Group = None, tag: int =
         CommTimeout: none came within the group's timeout. PeerLost: ``src`` exited.
     """
     work = irecv(tensor, src, group, tag)
-    work.wait()
+    work.complete()
     return cast(int, work.source)  # set once the receive is done
 
 

@@ -9,6 +9,8 @@ anything is sent.
 
 from __future__ import annotations
 
+import errno
+import resource
 from typing import TypeVar
 
 
@@ -38,6 +40,28 @@ class Interrupted(AllreduceError):
     """A collective was cut short on this rank by an exception of the caller's (``KeyboardInterrupt``, one
     raised by a signal handler). Its peers cannot finish it, so the group breaks as after a communication
     error; the caller sees its own exception, and this one is the failure later calls name."""
+
+
+class ResourceExhausted(AllreduceError):
+    """This rank ran out of a resource (file descriptors, memory, shared-memory space): an error at once,
+    never a retry that would spin until a peer is blamed at the deadline."""
+
+
+def exhausted(exc: BaseException, doing: str) -> ResourceExhausted | None:
+    """:class:`ResourceExhausted` naming the resource if ``exc`` is an ``OSError`` for one, e.g.
+    ``accepting a connection: out of file descriptors (EMFILE, ulimit -n 1024)``; else ``None``."""
+    code = getattr(exc, "errno", None)
+    if code == errno.EMFILE:
+        what = f"out of file descriptors (EMFILE, ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
+    elif code == errno.ENFILE:
+        what = "the system is out of file descriptors (ENFILE, fs.file-max)"
+    elif code in (errno.ENOMEM, errno.ENOBUFS):
+        what = f"out of memory ({errno.errorcode[code]})"
+    elif code == errno.ENOSPC:
+        what = "out of space for shared memory (ENOSPC: /dev/shm or memfd)"
+    else:
+        return None
+    return ResourceExhausted(f"{doing}: {what}")
 
 
 class GroupBroken(AllreduceError):

@@ -13,7 +13,7 @@ from typing import Union
 
 from . import logs, rendezvous, topology
 from .arguments import Timeout, timeout_seconds
-from .bootstrap import form_group, leave
+from .bootstrap import form_group, leave, release
 from .runtime import ProcessGroup
 from .planner import determinism
 from .security import Security
@@ -91,11 +91,12 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if isinstance(group, ProcessGroup):
             group.close()
             _State.groups.remove(group)
+            release(group.store, group.size)
         return
     world = default_group()
-    for g in _State.groups:
+    for g in [*_State.groups, world]:
         g.close()
-    world.close()
+        release(g.store, g.size)
     _State.world, _State.groups = None, []
     leave(world.store, world.size, wait=world.healthy)
 
@@ -253,6 +254,7 @@ def split_group(parent_pg: Group = None, split_ranks: Iterable[Iterable[int]] | 
 def _subgroup(name: str, rank: int, ranks: list[int], timeout: Timeout, inherited: float) -> ProcessGroup:
     """Form the group ``name`` of the world ranks ``ranks`` (this one is ``rank`` in it), with the
     default group's settings; the default group's destruction closes it. ``timeout``: ``inherited`` if unset."""
+    default_group().check_owner()  # a fork() child must not talk on its parent's store connection
     group = form_group(default_group().store.prefix(name), rank, len(ranks),
                        timeout_seconds(timeout) if timeout else inherited, name, ranks, _State.settings,
                        _State.shm_options)

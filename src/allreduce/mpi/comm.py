@@ -139,14 +139,14 @@ class Comm(BufferCollectives, ObjectCollectives):
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send the buffer; returns once it is on its way (a large one: once its receive is posted)."""
-        self.Isend(buf, dest, tag).Wait()
+        self.Isend(buf, dest, tag).finish()
 
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         """Start sending the buffer, which must not change until the request is done."""
         return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
-        self.Irecv(buf, source, tag).Wait(status)
+        self.Irecv(buf, source, tag).finish(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
@@ -157,11 +157,10 @@ class Comm(BufferCollectives, ObjectCollectives):
         """Send and receive at once: the receive is posted first, so a ring of them never deadlocks."""
         receiving = self.Irecv(recvbuf, source, recvtag)
         sending = self.Isend(sendbuf, dest, sendtag)
-        receiving.Wait(status)
-        sending.Wait()
+        p2p.exchange(receiving, sending, status)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).wait()
+        self.isend(obj, dest, tag).finish()
 
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
         objects.check_trusted(self.process_group(), "send/isend of an object")
@@ -169,7 +168,7 @@ class Comm(BufferCollectives, ObjectCollectives):
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
         """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
-        return self.irecv(buf, source, tag).wait(status)
+        return self.irecv(buf, source, tag).finish(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         objects.check_trusted(self.process_group(), "recv/irecv of an object")
@@ -179,9 +178,7 @@ class Comm(BufferCollectives, ObjectCollectives):
                  recvtag: int = ANY_TAG, status: Status | None = None):
         receiving = self.irecv(recvbuf, source, recvtag)
         sending = self.isend(sendobj, dest, sendtag)
-        value = receiving.wait(status)
-        sending.wait()
-        return value
+        return p2p.exchange(receiving, sending, status)
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
         """Wait until a message from ``source`` with ``tag`` can be received; describe it in ``status``."""
@@ -220,8 +217,14 @@ def init_world():
         else:
             api.init_process_group()
         if not _finalize_at_exit:
-            _finalize_at_exit.append(atexit.register(finalize))
+            _finalize_at_exit.append(atexit.register(_at_exit))
     return api.default_group()
+
+
+def _at_exit() -> None:
+    """:func:`finalize`, except in a fork() child, whose default group is its parent's."""
+    if api.is_initialized() and not api.default_group().forked:
+        finalize()
 
 
 def finalize() -> None:

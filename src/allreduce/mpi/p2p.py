@@ -64,13 +64,16 @@ class Request:
         self._done, self._value = False, None
         self._envelope = envelope  # (source, tag, nbytes) of a received message, once known
 
-    def _complete(self, block: bool, status: Status | None):
+    def _complete(self, block: bool, status: Status | None, blocking: bool = False):
         if not self._done:
             work = self._work
             if work is not None:
                 if not block and not work.is_completed():
                     return False
-                work.wait()  # raises the operation's error
+                if blocking:
+                    work.complete()
+                else:
+                    work.wait()  # raises the operation's error
                 if getattr(work, "source", None) is not None:
                     self._envelope = (work.source, work.tag, work.nbytes)
             self._done = True
@@ -82,6 +85,17 @@ class Request:
     def Wait(self, status: Status | None = None) -> bool:
         self._complete(True, status)
         return True
+
+    def finish(self, status: Status | None = None):
+        """Wait as a blocking call (``Send``, ``Recv``) does, and return the value: an exception escaping
+        the wait cancels the operation or breaks the group (:meth:`~allreduce.p2p.P2PWork.complete`)."""
+        self._complete(True, status, blocking=True)
+        return self._value
+
+    def interrupted(self, exc: BaseException) -> None:
+        """The blocking call this request is part of was cut short by ``exc`` (see :meth:`finish`)."""
+        if self._work is not None and not self._done:
+            self._work.interrupted(exc)
 
     def Test(self, status: Status | None = None) -> bool:
         return self._complete(False, status)
@@ -112,6 +126,18 @@ class Request:
     def testall(requests, statuses=None):
         done = Request.Testall(requests, statuses)
         return done, ([r.wait() for r in requests] if done else None)
+
+
+def exchange(receiving: Request, sending: Request, status: Status | None):
+    """Finish a sendrecv's receive, then its send, as blocking calls: an exception escaping the receive
+    cancels the send too (or breaks the group), so the caller's send buffer is free once it returns."""
+    try:
+        value = receiving.finish(status)
+    except BaseException as exc:
+        sending.interrupted(exc)
+        raise
+    sending.finish()
+    return value
 
 
 def send(engine, size: int, payload: np.ndarray, dest: int, tag: int) -> Request:

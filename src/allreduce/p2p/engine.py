@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from .. import wire
-from ..errors import AllreduceError, CommTimeout, PeerLost, with_peer
+from ..errors import AllreduceError, CommTimeout, Interrupted, PeerLost, with_peer
 from ..security import Security
 from ..transport.tcp import TcpPeering
 from . import nearby
@@ -98,6 +98,7 @@ class Engine(Receiving, Failing, Progress):
         self._failure: AllreduceError | None = None
         self._told: AllreduceError | None = None  # a failure to report to on_failure, outside the lock
         self._closed = False
+        self._foreign: str | None = None  # set in a fork() child: every call raises it (see disown)
         self.identity = nearby.Identity()  # the first frame on every link this rank dials
         self._self_sent = 0  # messages sent to this rank itself
         self._received = 0  # receives posted (their numbers)
@@ -129,6 +130,7 @@ class Engine(Receiving, Failing, Progress):
         Raises:
             GroupBroken: after a failure, or once closed.
         """
+        self._owned()
         with self._cv:
             self._check()
             if dest == self.rank:
@@ -158,6 +160,7 @@ class Engine(Receiving, Failing, Progress):
         Raises:
             GroupBroken: after a failure, or once closed.
         """
+        self._owned()
         with self._cv:
             self._check()
             self._received += 1
@@ -193,6 +196,7 @@ class Engine(Receiving, Failing, Progress):
                 found.append((message.source, message.tag, message.nbytes))
             return bool(found)
 
+        self._owned()
         with self._cv:
             self._check()
             if seen() or not block:
@@ -216,6 +220,31 @@ class Engine(Receiving, Failing, Progress):
             if not op.finished:
                 self._fail(with_peer(CommTimeout(f"rank {self.rank}/{self.size}: {op.what} timed out after "
                                                  f"{self.timeout:g}s {self._waiting_for(op)}"), self._peer_of(op)), op)
+            done = self._settle()
+        self._resolve(done)
+
+    def disown(self, why: str) -> None:
+        """This process is a fork() child of the engine's: every call raises ``RuntimeError(why)``, and the
+        parent's links and threads are left alone."""
+        self._foreign = why
+
+    def _owned(self) -> None:
+        if self._foreign is not None:  # before the lock, which the parent may have held at fork
+            raise RuntimeError(self._foreign)
+
+    def interrupted(self, op: Op, exc: BaseException) -> None:
+        """``exc`` (the caller's: a signal handler's, ``KeyboardInterrupt``) escaped the blocking wait for
+        ``op``. A receive nothing has matched yet is unposted; anything else unfinished (a receive taking
+        its payload, a send not all in the kernel or announced) breaks the engine: no later operation
+        may take its message, nor send from the caller's buffer once it is refilled."""
+        with self._cv:
+            if not op.finished:
+                error = Interrupted(f"rank {self.rank}/{self.size}: {op.what} was interrupted by {type(exc).__name__}")
+                if isinstance(op, Recv) and op.got is None:
+                    self._matcher.withdraw(op)
+                    self._finish(op, error)
+                else:
+                    self._fail(error, op)
             done = self._settle()
         self._resolve(done)
 
@@ -290,15 +319,23 @@ class Engine(Receiving, Failing, Progress):
         return done
 
     def _resolve(self, done: list) -> None:
-        """Settle futures (their callbacks run here) and report a failure, outside the lock."""
+        """Settle futures (their callbacks run here) and report a failure, outside the lock. An exception
+        raised meanwhile (a signal handler's) waits until all are settled: a future left unsettled would
+        hold its waiter forever."""
+        raised = None
         for future, error in done:
-            if future is None:
-                if self.on_failure is not None:
-                    self.on_failure(error)
-            elif error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            try:
+                if future is None:
+                    if self.on_failure is not None:
+                        self.on_failure(error)
+                elif error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+            except BaseException as exc:
+                raised = raised or exc
+        if raised is not None:
+            raise raised
 
     # ---- links -----------------------------------------------------------------------------------
 

@@ -113,6 +113,10 @@ class Failing:
             else:
                 self._finish(op, GroupBroken(f"rank {self.rank}/{self.size}: {op.what} cannot finish: point-to-point "
                                              f"on process group '{self.name}' failed: {error}"))
+        try:  # refuse dials from now on (and reset those queued), so a peer hears at once, not at its deadline
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         frame = wire.abort_frame(reason)
         for peer in self._peers.values():
             peer.backlog = []

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from ..errors import AllreduceError, GroupBroken, PeerLost, with_peer
+from ..errors import AllreduceError, GroupBroken, Interrupted, PeerLost, ResourceExhausted, exhausted, with_peer
 from ..transport import mesh
 from .link import Link
 
@@ -33,6 +33,7 @@ CLOSE_S = 1.0  # seconds a closing engine waits for its peers to see its links c
 SPIN_S = 50e-6  # seconds a waiting thread looks again at once before it sleeps in poll, while cores are idle
 YIELD_S = 300e-6  # then until when it looks again, yielding the core in between (a MiB takes ~0.2 ms to copy)
 POLL_CAP_S = 1.0  # the longest a poll sleeps before looking again
+FAILED_S = 0.5  # seconds a failed dial gives the store to say why the peer gave up
 
 
 class Progress:
@@ -112,7 +113,12 @@ class Progress:
                 if not events:
                     events = poller.poll(wait * 1000.0)
                 with self._cv:
-                    self._handle(events, watched)
+                    try:
+                        self._handle(events, watched)
+                    except BaseException as exc:  # cut short mid-frame: the links' state cannot be trusted
+                        self._fail(Interrupted(f"rank {self.rank}/{self.size}: point-to-point progress was "
+                                               f"interrupted by {type(exc).__name__}"))
+                        raise
                     settled = self._settle()
                 self._resolve(settled)
         finally:
@@ -154,8 +160,9 @@ class Progress:
 
     def _watched(self) -> dict[int, tuple[Link | None, int]]:
         """What to poll now: fd -> (link or ``None``, events)."""
-        watched: dict[int, tuple[Link | None, int]] = {self._wake_r: (None, select.POLLIN),
-                                                       self._listener.fileno(): (None, select.POLLIN)}
+        watched: dict[int, tuple[Link | None, int]] = {self._wake_r: (None, select.POLLIN)}
+        if self._failure is None:  # once failed, the listener is shut (see _abort_all): nothing to accept
+            watched[self._listener.fileno()] = (None, select.POLLIN)
         for link in self._links():
             if not link.dead:
                 watched[link.fd] = (link, select.POLLIN | (select.POLLOUT if link.out else 0))
@@ -208,7 +215,10 @@ class Progress:
         while True:
             try:
                 sock, _ = self._listener.accept()
-            except OSError:  # none left (BlockingIOError), or closed
+            except OSError as exc:  # none left (BlockingIOError), closed, or out of descriptors: fail at once
+                error = exhausted(exc, f"rank {self.rank}/{self.size}: accepting a point-to-point link")
+                if error is not None:
+                    self._fail(error)
                 return
             threading.Thread(target=self._answer, args=(sock,), name=f"allreduce-{self.name}-p2p-answer",
                              daemon=True).start()
@@ -238,12 +248,16 @@ class Progress:
         sock, error = None, None
         try:
             sock = mesh.dial(self._peering, self._store, rank, time.monotonic() + self.timeout)
+        except ResourceExhausted as exc:  # this rank's own failure, not the peer's
+            error = ResourceExhausted(f"rank {self.rank}/{self.size}: {exc}")
         except (AllreduceError, OSError) as exc:
-            error = with_peer(PeerLost(f"no point-to-point link to rank {rank}: {exc}"), rank)
+            error = with_peer(PeerLost(f"no point-to-point link to rank {rank}: {exc}{self._reason_of(rank)}"), rank)
         with self._cv:
             peer = self._peer(rank)
             peer.dialing = False
-            if error is not None:
+            if isinstance(error, ResourceExhausted):
+                self._fail(error)
+            elif error is not None:
                 self._link_lost(None, error, peer)
             elif self._closed or self._failure is not None:
                 sock.close()
@@ -258,6 +272,17 @@ class Progress:
                 self._wake()
             settled = self._settle()
         self._resolve(settled)
+
+    def _reason_of(self, rank: int) -> str:
+        """Why ``rank`` gave up, if it said so in the store (briefly, best effort)."""
+        try:
+            store = self._store.within(FAILED_S)
+            key = f"{mesh.FAILED}/{rank}"
+            if store.check([key]):
+                return f"; rank {rank} failed: {store.get(key).decode(errors='replace')}"
+        except Exception:  # the store may be gone or slow: the error stands without the reason
+            pass
+        return ""
 
     # ---- closing ---------------------------------------------------------------------------------
 

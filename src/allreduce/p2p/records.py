@@ -130,6 +130,20 @@ class P2PWork(Work):
         """The bytes a receive made without an array took (``None`` otherwise, or before it is done)."""
         return getattr(self._op, "data", None)
 
+    def complete(self) -> None:
+        """Wait as a blocking call does (``send``, ``recv``, MPI's ``Send``/``Recv``): no handle outlives
+        it, so an exception of the caller's escaping the wait cancels the operation, or breaks the group
+        where it cannot be cancelled cleanly (:meth:`.engine.Engine.interrupted`)."""
+        try:
+            self.wait()
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
+
+    def interrupted(self, exc: BaseException) -> None:
+        """The blocking call this operation is part of was cut short by ``exc``: cancel it, or break the group."""
+        self._engine.interrupted(self._op, exc)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; re-raise its error. Returns ``True`` like torch.
 

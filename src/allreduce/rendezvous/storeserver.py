@@ -24,7 +24,7 @@ import threading
 import time
 
 from .. import auth
-from ..errors import ProtocolError, RendezvousError
+from ..errors import ProtocolError, RendezvousError, exhausted
 from ..security import Security
 from . import storewire as wire
 from .contents import Contents, StoreLimits
@@ -35,6 +35,7 @@ RECV_BYTES = 1 << 16  # bytes per recv, on both sides of a store connection
 _MAX_QUEUED = 64  # requests a client may send ahead of their answers before the server drops it
 _BACKLOG = 128  # the smallest listen backlog; at least the world size
 _HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secret
+_STARVED_S = 0.1  # seconds the server stops accepting when this process is out of descriptors
 
 
 class _Peer:
@@ -92,6 +93,7 @@ class StoreServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._data = Contents(limits)
         self._peers: set[_Peer] = set()
+        self._starved_until: float | None = None  # out of descriptors: the listener rests until then
         self._thread = threading.Thread(target=self._serve, name=f"allreduce-store:{self.port}", daemon=True)
         self._thread.start()
 
@@ -121,6 +123,9 @@ class StoreServer:
                     if events & selectors.EVENT_READ and key.data in self._peers:
                         self._receive(key.data)
                 self._advance_all()
+                if self._starved_until is not None and time.monotonic() >= self._starved_until:
+                    self._starved_until = None
+                    self._selector.register(self._listener, selectors.EVENT_READ)
         finally:
             for peer in list(self._peers):
                 self._drop(peer)
@@ -130,13 +135,17 @@ class StoreServer:
 
     def _next_timeout(self) -> float | None:
         parked = [peer.due for peer in self._peers if peer.current is not None or peer.auth is not None]
+        parked += [self._starved_until] if self._starved_until is not None else []
         return max(min(parked) - time.monotonic(), 0.0) if parked else None
 
     def _accept(self) -> None:
         while True:
             try:
                 sock, _ = self._listener.accept()
-            except OSError:  # BlockingIOError when no one else is waiting
+            except OSError as exc:  # BlockingIOError when no one else is waiting
+                if exhausted(exc, "") is not None:  # EMFILE: the connection stays queued; rest, don't spin
+                    self._selector.unregister(self._listener)
+                    self._starved_until = time.monotonic() + _STARVED_S
                 return
             strangers = [peer for peer in self._peers if peer.auth is not None]
             if len(strangers) >= self._max_strangers:  # shed, don't pile up nor shut out who comes next

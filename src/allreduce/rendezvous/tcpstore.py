@@ -21,7 +21,7 @@ import threading
 import time
 
 from .. import auth, tls
-from ..errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
+from ..errors import CommTimeout, PeerLost, ProtocolError, RendezvousError, exhausted
 from ..security import Security
 from ..settings import DEFAULT_TIMEOUT
 from . import storewire as wire
@@ -158,6 +158,8 @@ class TCPStore(Store):
             try:
                 return self._dial(due)
             except OSError as exc:  # refused, unreachable, cut during the handshake, or too slow
+                if (error := exhausted(exc, f"connecting to the store at {where}")) is not None:
+                    raise error from exc
                 if self._reached and isinstance(exc, ConnectionRefusedError):
                     raise PeerLost(f"the store at {where} is gone (connection refused): the rank that "
                                    f"hosted it exited") from exc

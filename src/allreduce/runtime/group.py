@@ -22,7 +22,9 @@ mid-step with it, and a frame half sent must never be followed by the next call'
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -42,6 +44,17 @@ from .health import Health
 from .life import Life, State
 from .queue import Job, WorkQueue
 from .request import Request
+
+
+_groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned in a fork() child
+
+
+def _disown_in_child() -> None:
+    for group in list(_groups):
+        group.disown()
+
+
+os.register_at_fork(after_in_child=_disown_in_child)
 
 
 class ProcessGroup:
@@ -84,6 +97,27 @@ class ProcessGroup:
         self.p2p = p2p  # point-to-point messages: their own links and thread (see point_to_point)
         if p2p is not None:
             p2p.on_failure = self.p2p_failed
+        self.pid = os.getpid()  # the process that formed it: the only one that may use or close it
+        _groups.add(self)
+
+    def disown(self) -> None:
+        """This process is a fork() child of :attr:`pid`: its links, segments and threads are the parent's,
+        so every call (destroy included) raises ``RuntimeError`` and nothing here touches them."""
+        why = (f"rank {self.rank}/{self.size}: process group '{self.name}' was formed in process {self.pid}, "
+               f"and this process ({os.getpid()}) is a fork() of it: a forked child cannot use or destroy its "
+               "parent's groups; fork before forming any, or start it with multiprocessing's 'spawn' method")
+        self._life.disown(why)
+        if self.p2p is not None:
+            self.p2p.disown(why)
+
+    def check_owner(self) -> None:
+        """``RuntimeError`` in a fork() child of :attr:`pid` (see :meth:`disown`)."""
+        self._life.check_owner()
+
+    @property
+    def forked(self) -> bool:
+        """Whether this process is a fork() child of the one that formed the group (see :meth:`disown`)."""
+        return self._life.foreign is not None
 
     @property
     def healthy(self) -> bool:
@@ -99,6 +133,7 @@ class ProcessGroup:
         callback, :class:`GroupBroken` on a broken or destroyed group, ``ValueError`` for an unknown
         algorithm (all before anything is sent).
         """
+        self._life.check_owner()
         with self._lock:
             self._claims.claim(request.collective, threading.get_ident())
             if not self._life.usable:
@@ -136,6 +171,7 @@ class ProcessGroup:
         Raises:
             GroupBroken: the group failed or was destroyed.
         """
+        self._life.check_owner()
         with self._cv:
             self._life.check()
         if self.p2p is None:
@@ -193,7 +229,8 @@ class ProcessGroup:
     # ---- teardown --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish queued work, stop the threads and close every link."""
+        """Finish queued work, stop the threads and close every link (``RuntimeError`` in a fork() child)."""
+        self._life.check_owner()
         with self._cv:
             if self._life.state in (State.CLOSING, State.CLOSED):
                 return

@@ -38,6 +38,7 @@ class Life:
         self.failure: AllreduceError | None = None  # the error that broke the group
         self.usable = True  # a call may be issued: not destroyed, not broken (kept by the transitions)
         self.stopping = threading.Event()  # set on leaving OPEN/BROKEN for CLOSING
+        self.foreign: str | None = None  # why this process may not touch the group: a fork() child's words
         self._who = f"rank {rank}/{size}: process group '{name}'"
 
     def move(self, to: State) -> None:
@@ -56,13 +57,25 @@ class Life:
         if self.state is State.OPEN:
             self.move(State.BROKEN)
 
+    def disown(self, why: str) -> None:
+        """This process is a fork() child of the one that formed the group: every call raises ``why``."""
+        self.foreign = why
+        self.usable = False
+
+    def check_owner(self) -> None:
+        """Raise ``RuntimeError`` in a fork() child, before any lock: the parent may have held it at fork."""
+        if self.foreign is not None:
+            raise RuntimeError(self.foreign)
+
     def check(self) -> None:
         """Raise :class:`GroupBroken` if a call cannot be issued now (destroyed, or broken)."""
         if not self.usable:
             raise self.refusal()
 
-    def refusal(self) -> GroupBroken:
-        """Why a call cannot be issued now (destroyed, or broken)."""
+    def refusal(self) -> GroupBroken | RuntimeError:
+        """Why a call cannot be issued now (destroyed, broken, or formed by the parent of a fork)."""
+        if self.foreign is not None:
+            return RuntimeError(self.foreign)
         if self.state is State.CLOSED:
             return GroupBroken(f"{self._who} was destroyed")
         return self.broken()

@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterable
 from typing import Callable, Optional, Protocol, TypeVar
 
-from ..errors import PeerLost, RendezvousError, with_peer
+from ..errors import CommTimeout, PeerLost, RendezvousError, exhausted, with_peer
 
 PROBE_S = 0.5  # quiet seconds while forming the mesh before checking that the missing ranks still listen
 STRANGER_S = 5.0  # seconds an accepted connection may take over its hello (and proof) before it is dropped
+FAILED = "failed"  # the store key prefix where a rank says why it gave up (``failed/<rank>``)
 
 
 class Link(Protocol):
@@ -87,9 +88,24 @@ def form(peering: Peering[L], store, rank: int, members: Iterable[int], deadline
 
 
 def dial(peering: Peering[L], store, peer: int, deadline: float) -> L:
-    """Look up where ``peer`` listens (waiting for it to publish) and dial it."""
-    address = store.get(f"{peering.kind}/{peer}", timeout=max(0.0, deadline - time.monotonic())).decode()
+    """Look up where ``peer`` listens (waiting for it to publish, unless it says it failed) and dial it."""
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            address = store.get(f"{peering.kind}/{peer}", timeout=min(left, PROBE_S)).decode()
+            break
+        except CommTimeout:
+            _gave_up(store, peer)
+            if left <= PROBE_S:
+                raise
     return peering.dial(peer, address, deadline)
+
+
+def _gave_up(store, peer: int) -> None:
+    """``PeerLost`` with ``peer``'s own reason, if it said in the store that it failed."""
+    key = f"{FAILED}/{peer}"
+    if store.check([key]):
+        raise with_peer(PeerLost(f"rank {peer} failed: {store.get(key, timeout=1.0).decode(errors='replace')}"), peer)
 
 
 def _accept(peering: Peering[L], listener: socket.socket, until: float, deadline: float):
@@ -99,16 +115,17 @@ def _accept(peering: Peering[L], listener: socket.socket, until: float, deadline
         sock, _ = listener.accept()
     except TimeoutError:
         return None
+    except OSError as exc:
+        raise exhausted(exc, f"accepting a {peering.kind} link") or exc
     now = time.monotonic()
     return peering.answer(sock, max(now + 0.1, min(now + STRANGER_S, deadline)))
 
 
 def _probe(peering: Peering, store, rank: int, missing: list[int]) -> None:
-    """``PeerLost`` if a missing rank published its address but no longer listens there."""
-    if peering.knock is None:
-        return
+    """``PeerLost`` if a missing rank said it failed, or published its address but no longer listens there."""
     for peer in missing:
-        if not store.check([f"{peering.kind}/{peer}"]):
+        _gave_up(store, peer)
+        if peering.knock is None or not store.check([f"{peering.kind}/{peer}"]):
             continue
         try:
             peering.knock(store.get(f"{peering.kind}/{peer}", timeout=1.0).decode())

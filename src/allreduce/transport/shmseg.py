@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import exhausted
+
 PAGE = mmap.PAGESIZE
 
 
@@ -61,13 +63,15 @@ _lock = threading.Lock()
 def create(nbytes: int, label: str) -> Segment:
     """A new zero-filled segment of at least ``nbytes`` (rounded up to whole pages)."""
     size = max(PAGE, -(-nbytes // PAGE) * PAGE)
-    fd = os.memfd_create(f"allreduce-{label}", os.MFD_CLOEXEC)
+    fd = -1
     try:
+        fd = os.memfd_create(f"allreduce-{label}", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except BaseException:
-        os.close(fd)
-        raise
+    except BaseException as exc:
+        if fd >= 0:
+            os.close(fd)
+        raise exhausted(exc, f"making a {size}-byte shared-memory segment") or exc
     with _lock:
         gen = next(_gens)
     return Segment(fd, mapped, size, gen, address_of(mapped))

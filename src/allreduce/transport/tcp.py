@@ -41,7 +41,7 @@ from collections.abc import Container
 from itertools import islice
 
 from .. import auth, tls, wire
-from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError, with_peer
+from ..errors import AllreduceError, CommTimeout, PeerLost, ProtocolError, RendezvousError, exhausted, with_peer
 from ..security import Security
 from . import hello, mesh
 from .base import RecvSpec, SendSpec, Transport
@@ -340,6 +340,8 @@ class TcpPeering:
                                          f"connection refused, so rank {peer} exited or failed while the group "
                                          f"was forming"), peer) from exc
             except OSError as exc:
+                if (error := exhausted(exc, f"connecting to rank {peer}")) is not None:
+                    raise error from exc
                 last = exc
                 time.sleep(0.05)
                 continue
