@@ -147,7 +147,8 @@ class BufferCollectives:
         g = self.process_group()
         recv = simple(recvbuf, "recvbuf", True)
         mine = _send(sendbuf, recv, copy=False)
-        combine = kernel(check_op(op.for_buffers(), _operand(op, mine, 2).dtype))
+        dtype = _operand(op, mine, 2).dtype
+        combine = kernel(check_op(op.for_buffers(), dtype), dtype)
         everyone = np.empty(g.size * mine.size, mine.dtype)
         api.all_gather_into_tensor(everyone, mine, g)
         rows = everyone.reshape(g.size, mine.size)[:g.rank + inclusive]

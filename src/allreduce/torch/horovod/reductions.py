@@ -27,7 +27,7 @@ import math
 import torch
 
 from ... import api
-from ...ops import ReduceOp
+from ...ops import ReduceOp, as_op
 
 from ..common import reduction
 from ..common.compression import Compression, Compressor
@@ -49,9 +49,15 @@ def resolve_op(op, average=None, default=ReduceOp.AVG):
         raise ValueError("the op parameter supersedes average; pass only one of them")
     if op is None:
         return default if average is None else (ReduceOp.AVG if average else ReduceOp.SUM)
-    if op not in OPS:
+    if op is ADASUM:
+        return op
+    try:
+        ours = as_op(op)  # a foreign op (torch's) by name, never by its number
+    except TypeError:
+        ours = None
+    if ours not in OPS:
         raise ValueError(f"op must be one of Average, Sum, Min, Max, Product, Adasum; got {op!r}")
-    return op if op is ADASUM else ReduceOp(op)
+    return ours
 
 
 def scale_(flat: torch.Tensor, factor: float) -> None:
