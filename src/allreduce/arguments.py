@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # Named so that signatures say what they take (and type checkers see it).
 Tensor = Union[np.ndarray, "torch.Tensor"]  # a numpy array or a torch CPU tensor, read and written in place
-Op = Union[ReduceOp, int]  # a ReduceOp, or its value
+Op = Union[ReduceOp, int]  # a ReduceOp, or its value; torch's and mpi4py's ops are taken by name (ops.as_op)
 Timeout = Union[float, datetime.timedelta, None]  # seconds; None: the default group's, else DEFAULT_TIMEOUT
 Number = Union[int, float, complex]
 SizedT = TypeVar("SizedT", bound=Sized)

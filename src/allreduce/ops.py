@@ -3,6 +3,7 @@
 A :class:`ReduceOp` names what to do; :func:`kernel` returns the numpy ufunc that does it in place
 (``ufunc(a, b, out=a)``), after :func:`check_op` has refused combinations that make no sense (bitwise
 ops on floats, AVG on integers). AVG travels as SUM and is divided by the group size at the end.
+Another library's op (torch's, mpi4py's) is taken by its name: its number means another op here.
 """
 
 from __future__ import annotations
