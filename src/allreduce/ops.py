@@ -111,32 +111,34 @@ class _Ordered:
     """MIN or MAX on floats whatever the operands' order, so every rank gets the same bits: ``np.minimum``
     returns either operand of a -0/+0 tie and whichever NaN it meets. Here MIN of -0 and +0 is -0 and
     MAX is +0, and a NaN is ``np.nan`` (positive, quiet, no payload). Without zeros in ``b`` or NaNs in
-    the result the fix-up is one pass looking for each."""
+    the result the fix-up is one pass looking for each; sign bits are fixed without branches, as zeros
+    are common (ReLU) and a masked store on a random mask is slow."""
 
-    __slots__ = ("ufunc", "zero", "wants")
+    __slots__ = ("ufunc", "signed")
 
-    def __init__(self, ufunc: np.ufunc, zero: float, wants: Callable[[np.ndarray, np.ndarray], np.ndarray]):
-        # a tie of zeros gives ``zero`` where ``wants(sign bits of a, of b)``, else the other zero
-        self.ufunc, self.zero, self.wants = ufunc, zero, wants
+    def __init__(self, ufunc: np.ufunc, signed: np.ufunc):
+        self.ufunc, self.signed = ufunc, signed  # signed: a tie of zeros' sign bit, from the operands'
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        fix = np.equal(b, 0)
-        tie = fix.any()
+        flip = np.equal(b, 0)
+        tie = flip.any()
         if tie:  # read the signs before ``out``, which may be ``a`` or ``b``, is written
-            np.logical_and(fix, self.wants(np.signbit(a), np.signbit(b)), out=fix)
+            sign = self.signed(np.signbit(a), np.signbit(b))
         out = self.ufunc(a, b, out=out)
-        if tie:  # b is a zero and so is the result (a was a zero, or b won)
-            np.logical_and(fix, np.equal(out, 0), out=fix)
-            np.copyto(out, self.zero, where=fix)
+        if tie:  # where b and the result are zeros (a was a zero, or b won): flip the signs that differ
+            np.logical_and(flip, np.equal(out, 0), out=flip)
+            np.logical_and(flip, np.not_equal(np.signbit(out), sign), out=flip)
+            bits = out.view(f"u{out.itemsize}")
+            bits ^= np.left_shift(flip, 8 * out.itemsize - 1, dtype=bits.dtype)
         nan = np.isnan(out)
         if nan.any():
-            np.copyto(out, np.nan, where=nan)
+            np.putmask(out, nan, np.nan)
         return out
 
 
 _FLOAT_ORDERED = {
-    ReduceOp.MIN: _Ordered(np.minimum, -0.0, np.logical_or),  # -0 if either is -0
-    ReduceOp.MAX: _Ordered(np.maximum, 0.0, lambda a, b: ~(a & b)),  # +0 unless both are -0
+    ReduceOp.MIN: _Ordered(np.minimum, np.logical_or),  # -0 if either is -0
+    ReduceOp.MAX: _Ordered(np.maximum, np.logical_and),  # -0 only if both are
 }
 
 

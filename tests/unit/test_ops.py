@@ -98,3 +98,12 @@ def test_min_max_bits_do_not_depend_on_order(dtype, op):
 def test_other_kernels_stay_plain_ufuncs():
     assert kernel(ReduceOp.MIN, np.dtype(np.int32)) is np.minimum
     assert kernel(ReduceOp.SUM, np.dtype(np.float32)) is np.add
+
+
+def test_min_max_fix_ups_reach_any_shape_and_strides():
+    a = np.array([[0.0, -0.0], [np.nan, 1.0]], np.float32)
+    got = kernel(ReduceOp.MIN, a.dtype)(a, np.array([[-0.0, 0.0], [1.0, np.nan]], np.float32))
+    assert np.signbit(got[0]).all() and np.isnan(got[1]).all()
+    x, y = np.zeros(8, np.float32), -np.zeros(8, np.float32)
+    kernel(ReduceOp.MIN, x.dtype)(x[::2], y[::2], out=x[::2])  # a strided out, written where it lies
+    assert np.signbit(x).tolist() == [True, False] * 4
