@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # Named so that signatures say what they take (and type checkers see it).
 Tensor = Union[np.ndarray, "torch.Tensor"]  # a numpy array or a torch CPU tensor, read and written in place
-Op = Union[ReduceOp, int]  # a ReduceOp, or its value
+Op = Union[ReduceOp, int]  # a ReduceOp, or its value; torch's and mpi4py's ops are taken by name (ops.as_op)
 Timeout = Union[float, datetime.timedelta, None]  # seconds; None: the default group's, else DEFAULT_TIMEOUT
 Number = Union[int, float, complex]
 SizedT = TypeVar("SizedT", bound=Sized)
@@ -31,12 +31,15 @@ _CHECKED: dict[tuple[object, np.dtype], ReduceOp] = {}
 
 
 def checked_op(op: object, dtype: np.dtype) -> ReduceOp:
-    """:func:`~allreduce.ops.check_op`, remembered per (op, dtype) pair that it accepted."""
+    """:func:`~allreduce.ops.check_op`, remembered per (op, dtype) pair that it accepted; only our own
+    ops are looked up, as a foreign one (torch's) may hash and compare equal to another of ours."""
+    if type(op) is not ReduceOp:
+        return check_op(op, dtype)
     try:
         return _CHECKED[op, dtype]
-    except (KeyError, TypeError):  # not seen yet, or an op that cannot be a key: check it in full
+    except KeyError:
         checked = check_op(op, dtype)
-    if type(op) is ReduceOp and len(_CHECKED) < 1024:
+    if len(_CHECKED) < 1024:
         _CHECKED[op, dtype] = checked
     return checked
 

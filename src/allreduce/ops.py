@@ -3,11 +3,13 @@
 A :class:`ReduceOp` names what to do; :func:`kernel` returns the numpy ufunc that does it in place
 (``ufunc(a, b, out=a)``), after :func:`check_op` has refused combinations that make no sense (bitwise
 ops on floats, AVG on integers). AVG travels as SUM and is divided by the group size at the end.
+Another library's op (torch's, mpi4py's) is taken by its name: its number means another op here.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from typing import Callable
 
 import numpy as np
@@ -59,26 +61,99 @@ def allowed_ops(dtype: np.dtype) -> frozenset[ReduceOp]:
     return frozenset(_ARITHMETIC | _ORDERED | {ReduceOp.AVG})  # floats, float16, bfloat16
 
 
+# a foreign op's name -> ours: torch's names, and MPI's PROD
+_BY_NAME = {**ReduceOp.__members__, "PROD": ReduceOp.PRODUCT}
+_MPI_NAMES = ("SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MINLOC", "MAXLOC")
+
+
+def _name_of(op: object) -> str | None:
+    """The name a foreign op goes by: torch's ``RedOpType`` and ``allreduce.MPI``'s ops carry it, torch's
+    ``ReduceOp`` wraps a ``RedOpType`` in ``.op``, and mpi4py's ops are known by identity (imported
+    already if ``op`` is one)."""
+    if type(op).__module__.startswith("mpi4py"):
+        mpi = sys.modules.get("mpi4py.MPI")
+        return next((n for n in _MPI_NAMES if getattr(mpi, n, None) is op), None)
+    name = getattr(getattr(op, "op", op), "name", None)
+    return name if isinstance(name, str) else None
+
+
+def as_op(op: object) -> ReduceOp:
+    """``op`` as a :class:`ReduceOp`: ours, one of our values (a plain int), or a foreign op translated
+    by name (torch's ``ReduceOp``, mpi4py's ``MPI.Op``), never by its number, which means another op."""
+    if type(op) is ReduceOp:
+        return op
+    if type(op) is int or (isinstance(op, np.integer) and not isinstance(op, np.bool_)):
+        try:
+            return ReduceOp(int(op))
+        except ValueError:
+            pass
+    else:
+        name = _name_of(op)
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+        if name is not None:
+            raise TypeError(f"reduce op {name} ({op!r}) has no element-wise equivalent here; use one of "
+                            f"{', '.join(ReduceOp.__members__)}")
+    raise TypeError(f"unknown reduce op {op!r}; use one of {', '.join(o.name for o in ReduceOp)}")
+
+
 def check_op(op: object, dtype: np.dtype) -> ReduceOp:
-    """Return ``op`` as a :class:`ReduceOp`, or raise ``TypeError`` if it makes no sense for ``dtype``."""
-    try:
-        op = ReduceOp(op)  # type: ignore[arg-type]  # anything ReduceOp accepts: a member or its value
-    except ValueError:
-        raise TypeError(f"unknown reduce op {op!r}; use one of {', '.join(o.name for o in ReduceOp)}") from None
+    """Return ``op`` as a :class:`ReduceOp` (:func:`as_op`), or raise ``TypeError`` if it makes no sense
+    for ``dtype``."""
+    op = as_op(op)
     if op not in allowed_ops(dtype):
         ok = ", ".join(o.name for o in sorted(allowed_ops(dtype)))
         raise TypeError(f"ReduceOp.{op.name} is not defined for dtype {np.dtype(dtype)}; it supports {ok}")
     return op
 
 
-def kernel(op: ReduceOp) -> np.ufunc:
-    """The in-place ufunc that combines two contributions for ``op`` (AVG combines as SUM)."""
-    return _UFUNCS[ReduceOp(op)]
+class _Ordered:
+    """MIN or MAX on floats whatever the operands' order, so every rank gets the same bits: ``np.minimum``
+    returns either operand of a -0/+0 tie and whichever NaN it meets. Here MIN of -0 and +0 is -0 and
+    MAX is +0, and a NaN is ``np.nan`` (positive, quiet, no payload). Without zeros in ``b`` or NaNs in
+    the result the fix-up is one pass looking for each; sign bits are fixed without branches, as zeros
+    are common (ReLU) and a masked store on a random mask is slow."""
+
+    __slots__ = ("ufunc", "signed")
+
+    def __init__(self, ufunc: np.ufunc, signed: np.ufunc):
+        self.ufunc, self.signed = ufunc, signed  # signed: a tie of zeros' sign bit, from the operands'
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        flip = np.equal(b, 0)
+        tie = flip.any()
+        if tie:  # read the signs before ``out``, which may be ``a`` or ``b``, is written
+            sign = self.signed(np.signbit(a), np.signbit(b))
+        out = self.ufunc(a, b, out=out)
+        if tie:  # where b and the result are zeros (a was a zero, or b won): flip the signs that differ
+            np.logical_and(flip, np.equal(out, 0), out=flip)
+            np.logical_and(flip, np.not_equal(np.signbit(out), sign), out=flip)
+            bits = out.view(f"u{out.itemsize}")
+            bits ^= np.left_shift(flip, 8 * out.itemsize - 1, dtype=bits.dtype)
+        nan = np.isnan(out)
+        if nan.any():
+            np.putmask(out, nan, np.nan)
+        return out
+
+
+_FLOAT_ORDERED = {
+    ReduceOp.MIN: _Ordered(np.minimum, np.logical_or),  # -0 if either is -0
+    ReduceOp.MAX: _Ordered(np.maximum, np.logical_and),  # -0 only if both are
+}
+
+
+def kernel(op: ReduceOp, dtype: np.dtype) -> Callable[..., np.ndarray]:
+    """The in-place ufunc that combines two contributions of ``dtype`` for ``op`` (AVG combines as SUM):
+    ``kernel(op, dtype)(a, b, out=a)``. MIN and MAX on floats give the same bits in any operand order."""
+    op, dtype = ReduceOp(op), np.dtype(dtype)
+    if op in _FLOAT_ORDERED and (dtype.kind == "f" or dtype.name == "bfloat16"):
+        return _FLOAT_ORDERED[op]
+    return _UFUNCS[op]
 
 
 def reduce_into(op: ReduceOp, acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
     """``out = acc (op) incoming`` element-wise, with ``out`` defaulting to ``acc`` (no allocation)."""
-    _UFUNCS[op](acc, incoming, out=acc if out is None else out)
+    kernel(op, acc.dtype)(acc, incoming, out=acc if out is None else out)
 
 
 def finish(op: ReduceOp, result: np.ndarray, group_size: int) -> None:

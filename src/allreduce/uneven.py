@@ -1,7 +1,8 @@
 """Collectives whose ranks contribute blocks of different sizes, composed from the even ones.
 
 Every block travels as bytes in a slot of one common size, the *stride*: an 8-byte length, then the
-block, then padding. One all-reduce of a single number finds the largest block first; the even
+block, then padding. One small all-reduce finds the largest block first, and checks that every rank
+moves one dtype (bytes would be read as another without a word); the even
 collective (all-gather, gather, scatter, all-to-all, broadcast) then moves the slots, and each
 receiver reads every block's true length from its slot. So a receiver needs to know no size in
 advance (object collectives), and one that does (MPI's v-variants, torch's split all-to-all) checks
@@ -19,6 +20,8 @@ import math
 import numpy as np
 
 from .buffers import flat
+from .dtypes import code_of, dtype_of
+from .errors import Mismatch
 from .ops import ReduceOp
 from .runtime import Request
 from .work import Work
@@ -27,24 +30,39 @@ HEADER = 8  # bytes of each slot that hold the block's length
 BYTE = np.dtype(np.uint8)
 
 
-def largest(g, nbytes: int) -> int:
-    """The largest ``nbytes`` any rank of ``g`` passed (one all-reduce of one number)."""
-    value = np.array([nbytes], np.int64)
-    g.collective(Request("all_reduce", {"data": value}, 1, value.dtype, ReduceOp.MAX))
+NO_DTYPE = 1 << 62  # what a rank that moves no typed data contributes to the dtype check
+
+
+def largest(g, nbytes: int, what: str, *dtypes: np.dtype | None) -> int:
+    """The largest ``nbytes`` any rank of ``g`` passed, in one all-reduce (MAX) that also carries the
+    highest and lowest code of the ``dtypes`` (``None``: none) this rank sends and receives.
+
+    Raises:
+        Mismatch: on every rank, when the ranks' dtypes differ, naming two of them.
+    """
+    codes = [code_of(d) for d in dtypes if d is not None]
+    value = np.array([nbytes, max(codes, default=0), -min(codes, default=NO_DTYPE)], np.int64)
+    g.collective(Request("all_reduce", {"data": value}, 3, value.dtype, ReduceOp.MAX))
+    high, low = int(value[1]), -int(value[2])
+    if high and high != low:
+        raise Mismatch(f"{what}: the ranks disagree on the dtype ({dtype_of(low)} and {dtype_of(high)}); "
+                       "uneven blocks travel as bytes, which would be read as another dtype")
     return int(value[0])
 
 
-def all_gather(g, block: np.ndarray, deliver) -> None:
-    """Every rank's ``block``; ``deliver(blocks)`` receives them (uint8, in rank order) on every rank."""
-    stride = _stride(largest(g, block.nbytes))
+def all_gather(g, block: np.ndarray, deliver, into: np.dtype | None = None) -> None:
+    """Every rank's ``block``; ``deliver(blocks)`` receives them (uint8, in rank order) on every rank,
+    to be read as ``into`` (``None``: as the blocks' dtype)."""
+    stride = _stride(largest(g, block.nbytes, "all_gather", block.dtype, into))
     out = np.empty(g.size * stride, BYTE)
     g.collective(Request("all_gather", {"data": _pack([block], stride), "out": out}, stride, BYTE,
                          after=lambda: deliver(_unpack(out, stride))))
 
 
-def gather(g, block: np.ndarray, root: int, deliver) -> None:
-    """Every rank's ``block`` to ``root``, whose ``deliver(blocks)`` receives them in rank order."""
-    stride = _stride(largest(g, block.nbytes))
+def gather(g, block: np.ndarray, root: int, deliver, into: np.dtype | None = None) -> None:
+    """Every rank's ``block`` to ``root``, whose ``deliver(blocks)`` receives them in rank order (to be
+    read as ``into``)."""
+    stride = _stride(largest(g, block.nbytes, "gather", block.dtype, into))
     buffers, after = {"data": _pack([block], stride)}, None
     if g.rank == root:
         out = buffers["out"] = np.empty(g.size * stride, BYTE)
@@ -54,28 +72,33 @@ def gather(g, block: np.ndarray, root: int, deliver) -> None:
     g.collective(Request("gather", buffers, stride, BYTE, ReduceOp.SUM, root, after=after))
 
 
-def scatter(g, blocks: list[np.ndarray] | None, root: int) -> np.ndarray:
-    """Block r of ``root``'s ``blocks`` (ignored elsewhere), returned as bytes on rank r."""
+def scatter(g, blocks: list[np.ndarray] | None, root: int, into: np.dtype | None = None) -> np.ndarray:
+    """Block r of ``root``'s ``blocks`` (ignored elsewhere), returned as bytes on rank r (to be read as
+    ``into``)."""
     mine = g.rank == root
-    stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0) if mine else 0))
+    sent = [b.dtype for b in blocks] if mine else []
+    stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0) if mine else 0, "scatter", *sent, into))
     out = np.empty(stride, BYTE)
     buffers = {"out": out, "data": _pack(blocks, stride)} if mine else {"out": out}
     g.collective(Request("scatter", buffers, stride, BYTE, ReduceOp.SUM, root))
     return _unpack(out, stride)[0]
 
 
-def broadcast(g, block: np.ndarray | None, root: int) -> np.ndarray:
-    """``root``'s ``block`` (ignored elsewhere), returned as bytes on every rank."""
+def broadcast(g, block: np.ndarray | None, root: int, into: np.dtype | None = None) -> np.ndarray:
+    """``root``'s ``block`` (ignored elsewhere), returned as bytes on every rank (to be read as ``into``)."""
     mine = g.rank == root
-    stride = _stride(largest(g, block.nbytes if mine else 0))
+    stride = _stride(largest(g, block.nbytes if mine else 0, "broadcast", block.dtype if mine else None, into))
     data = _pack([block], stride) if mine else np.empty(stride, BYTE)
     g.collective(Request("broadcast", {"data": data}, stride, BYTE, ReduceOp.SUM, root))
     return _unpack(data, stride)[0]
 
 
-def all_to_all(g, blocks: list[np.ndarray], deliver, async_op: bool = False, algorithm: str | None = None):
-    """Block j of every rank to rank j; ``deliver(blocks)`` receives what each rank sent here."""
-    stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0)))
+def all_to_all(g, blocks: list[np.ndarray], deliver, async_op: bool = False, algorithm: str | None = None,
+               into: np.dtype | None = None):
+    """Block j of every rank to rank j; ``deliver(blocks)`` receives what each rank sent here (to be read
+    as ``into``)."""
+    stride = _stride(largest(g, max((b.nbytes for b in blocks), default=0), "all_to_all",
+                             *(b.dtype for b in blocks), into))
     out = np.empty(g.size * stride, BYTE)
     return g.collective(Request("all_to_all", {"data": _pack(blocks, stride), "out": out}, stride, BYTE,
                                 algorithm=algorithm, after=lambda: deliver(_unpack(out, stride))), async_op)
@@ -107,7 +130,7 @@ def all_to_all_single(g, output: np.ndarray, input: np.ndarray, output_split_siz
     source, dest = flat(input), flat(output)
     blocks = [source[start:start + count] for count, start in zip(send_counts, send_displs)]
     return all_to_all(g, blocks, lambda got: place(got, dest, recv_counts, recv_displs, "output_split_sizes"),
-                      async_op, algorithm)
+                      async_op, algorithm, dest.dtype)
 
 
 def displacements(counts) -> list[int]:

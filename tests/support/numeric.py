@@ -15,7 +15,8 @@ class Numeric:
     """``buffers[rank][buf]`` are the ranks' arrays; ``op`` is the reduction."""
 
     def __init__(self, buffers: list[dict[str, np.ndarray]], op: ReduceOp = ReduceOp.SUM):
-        self.buffers, self.ufunc = buffers, kernel(op)
+        self.buffers = buffers
+        self.ufunc = kernel(op, next(a for a in buffers[0].values()).dtype)
 
     def view(self, rank: int, reg: Region) -> np.ndarray:
         return self.buffers[rank][reg.buf][reg.start:reg.stop]

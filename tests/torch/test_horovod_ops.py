@@ -224,3 +224,15 @@ def test_one_rank_and_the_queries():
         return out
 
     assert run_ranks(fn, 1) == [[True, 0, 1, 0, 1, 0, 1, 3, (2, 1), 0, [False] * 10, False]]
+
+
+def test_alltoall_refuses_ranks_of_different_dtypes():
+    def fn(rank, size):
+        from allreduce import Mismatch
+
+        tensor = torch.ones(size, dtype=torch.float32 if rank == 0 else torch.int32)
+        with pytest.raises(Mismatch) as refused:
+            hvd.alltoall(tensor, splits=torch.ones(size, dtype=torch.int32))
+        return "float32" in str(refused.value) and "int32" in str(refused.value)
+
+    assert run_hvd(fn, 2) == [True, True]

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from support.harness import run_ranks
 from support.torch_harness import batches, max_difference, model, run_spawned, run_torch_ranks, shard, weights
 
 import allreduce.torch as art
@@ -280,3 +281,39 @@ def test_training_in_spawned_ranks(device):
     for name in ("ddp", "optimizer", "zero"):
         assert max_difference(first[name], second[name]) == 0.0, name
         assert all(np.isfinite(v).all() for v in first[name].values())
+
+
+def test_coalesced_calls_refuse_mixed_dtypes():
+    def fn(rank, size):
+        with pytest.raises(TypeError, match="share a dtype"):  # refused as Gloo does: a cat would convert
+            with dist._coalescing_manager():  # torch hands the backend's allreduce_coalesced both tensors
+                dist.all_reduce(torch.ones(2))
+                dist.all_reduce(torch.full((2,), 2**24 + 1, dtype=torch.int64))
+        same = [torch.full((2,), rank + 1.0), torch.full((3,), 2.0 * rank)]
+        with dist._coalescing_manager():
+            for t in same:
+                dist.all_reduce(t)
+        return [t.tolist() for t in same]
+
+    assert run_torch_ranks(fn, 2) == [[[3.0, 3.0], [2.0, 2.0, 2.0]]] * 2
+
+
+def test_torch_ops_keep_their_names_on_allreduce_calls():
+    def fn(rank, size):
+        import allreduce
+
+        got = {}
+        for name in ("MIN", "MAX", "PRODUCT", "AVG", "SUM"):
+            t = torch.tensor([rank + 2.0, 4.0 - rank])
+            allreduce.all_reduce(t, op=getattr(dist.ReduceOp, name))
+            got[name] = t.tolist()
+        ints = torch.tensor([rank + 2, 4 - rank])
+        allreduce.all_reduce(ints, op=dist.ReduceOp.MAX)
+        got["MAX int"] = ints.tolist()
+        with pytest.raises(TypeError, match="AVG"):
+            allreduce.all_reduce(ints, op=dist.ReduceOp.AVG)
+        return got
+
+    want = {"MIN": [2.0, 3.0], "MAX": [3.0, 4.0], "PRODUCT": [6.0, 12.0], "AVG": [2.5, 3.5], "SUM": [5.0, 7.0],
+            "MAX int": [3, 4]}
+    assert run_ranks(fn, 2) == [want, want]

@@ -129,7 +129,7 @@ def local_costs() -> tuple[dict[str, float], float]:
     for dtype in dtypes.SUPPORTED:
         a = np.ones(LOCAL_BYTES // dtype.itemsize, dtype)
         b = np.ones_like(a)
-        ufunc = kernel(ReduceOp.SUM)
+        ufunc = kernel(ReduceOp.SUM, dtype)
         gamma[str(dtype)] = _timed(lambda: ufunc(a, b, out=a), 9, np.min) / a.nbytes
     a = np.ones(LOCAL_BYTES, np.uint8)
     b = np.empty_like(a)

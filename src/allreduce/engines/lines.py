@@ -46,7 +46,7 @@ class Plan:
         self.views = lines.views(call.dtype, call.count if call.collective != "barrier" else 0)
         self.sends = SENDS[call.collective] or (call.collective == "broadcast" and self.rank == call.root)
         self.finish = getattr(self, "_" + call.collective)
-        self.ufunc = kernel(call.op)
+        self.ufunc = kernel(call.op, call.dtype)
 
     def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
             idle_every: float = 1.0) -> None:
@@ -106,7 +106,7 @@ class ChunkedPlan:
         self.lines = lines = engine.lines
         self.call = call
         self.header, self.fingerprint = _described(call)
-        self.ufunc = kernel(call.op)
+        self.ufunc = kernel(call.op, call.dtype)
         per_line = lines.capacity // call.dtype.itemsize
         bounds = [(low, min(call.count, low + per_line)) for low in range(0, call.count, per_line)]
         self.numbers = 2 * len(bounds)

@@ -144,7 +144,7 @@ class Scheduled:
     def __init__(self, engine: ScheduleEngine, call: Call, schedule: Schedule):
         self.engine, self.call, self.schedule = engine, call, schedule
         self.steps = _steps(schedule)
-        self.ufunc = kernel(call.op)
+        self.ufunc = kernel(call.op, call.dtype)
 
     def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""

@@ -62,7 +62,7 @@ class BufferCollectives:
             return
         recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
         send = _send(sendbuf, recv[displs[g.rank]:displs[g.rank] + counts[g.rank]])
-        uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"))
+        uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         g = self.process_group()
@@ -75,14 +75,15 @@ class BufferCollectives:
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
         g = self.process_group()
-        blocks = None
+        blocks, recv = None, None
         if g.rank == root:
             send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
             blocks = [send[d:d + c] for c, d in zip(counts, displs)]
-        got = uneven.scatter(g, blocks, root)
-        if recvbuf is IN_PLACE and g.rank == root:
+        if recvbuf is not IN_PLACE or g.rank != root:
+            recv = simple(recvbuf, "recvbuf", True)
+        got = uneven.scatter(g, blocks, root, None if recv is None else recv.dtype)
+        if recv is None:
             return
-        recv = simple(recvbuf, "recvbuf", True)
         if got.nbytes != recv.nbytes:
             raise ValueError(f"root {root} sent {got.nbytes // recv.itemsize} elements; recvbuf holds {recv.size}")
         recv[:] = got.view(recv.dtype)
@@ -96,7 +97,7 @@ class BufferCollectives:
         g = self.process_group()
         recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
         send = _send(sendbuf, recv[displs[g.rank]:displs[g.rank] + counts[g.rank]])
-        uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"))
+        uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         recv = simple(recvbuf, "recvbuf", True)
@@ -110,7 +111,8 @@ class BufferCollectives:
         else:
             send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
         blocks = [send[d:d + c] for c, d in zip(send_counts, send_displs)]
-        uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"))
+        uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
+                          into=recv.dtype)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         g = self.process_group()
@@ -147,7 +149,8 @@ class BufferCollectives:
         g = self.process_group()
         recv = simple(recvbuf, "recvbuf", True)
         mine = _send(sendbuf, recv, copy=False)
-        combine = kernel(check_op(op.for_buffers(), _operand(op, mine, 2).dtype))
+        dtype = _operand(op, mine, 2).dtype
+        combine = kernel(check_op(op.for_buffers(), dtype), dtype)
         everyone = np.empty(g.size * mine.size, mine.dtype)
         api.all_gather_into_tensor(everyone, mine, g)
         rows = everyone.reshape(g.size, mine.size)[:g.rank + inclusive]
@@ -186,7 +189,14 @@ def _operand(op: Op, values: np.ndarray, operands: int) -> np.ndarray:
 def _in_place(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
     """``(work, write_back)``: an array holding ``send`` for ``op`` to reduce in place over ``size``
     ranks, and what copies the result into ``recv`` afterwards (``None`` when ``work`` is ``recv`` or
-    there is no ``recv``)."""
+    there is no ``recv``).
+
+    Raises:
+        ValueError: ``send`` and ``recv`` hold different counts (as mpi4py, before anything is sent:
+            a copy would broadcast one element over the receive buffer).
+    """
+    if recv is not None and send.size != recv.size:
+        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
     operand = _operand(op, send, size)
     if recv is not None and recv.dtype == operand.dtype:
         if operand is not recv:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ... import api, bootstrap
 from ...ops import ReduceOp
 
-from ..common.tensors import Staged, is_direct
+from ..common.tensors import Staged, host_copy, is_direct
 from . import monitored, sparse
 from .work import DoneWork, TorchWork, in_torch_words
 
@@ -107,7 +107,7 @@ class ProcessGroupAllreduce:
 
     @in_torch_words
     def allreduce_coalesced(self, tensors, opts=None):
-        flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else torch.empty(0)
+        flat = host_copy(tensors) if tensors else torch.empty(0)
         started = api.all_reduce(flat, _op(opts), group=self.group, async_op=_async(opts))
         return self._work(started, tensors, lambda: _unpack(flat, tensors))
 

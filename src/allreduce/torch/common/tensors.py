@@ -67,3 +67,16 @@ def host_buffer(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -
     """An uninitialized contiguous host tensor, pinned when it will exchange data with a GPU."""
     pinned = torch.device(device).type == "cuda"
     return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pinned)
+
+
+def host_copy(tensors) -> torch.Tensor:
+    """A new flat CPU tensor holding ``tensors`` back to back. They must share a dtype, as Gloo and
+    Horovod require: a concatenation would convert them silently.
+
+    Raises:
+        TypeError: the tensors have different dtypes.
+    """
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise TypeError(f"tensors of one call must share a dtype, got {sorted(map(str, dtypes))}")
+    return torch.cat([t.detach().reshape(-1).cpu() for t in tensors])

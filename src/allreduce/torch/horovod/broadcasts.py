@@ -12,10 +12,11 @@ import torch
 from ... import api
 from ...objects import broadcast_object_list
 
+from ..common.tensors import host_copy
 from . import joining
 from .basics import Average, rank
 from .handles import Pending, register
-from .reductions import allreduce, host_copy
+from .reductions import allreduce
 from .process_sets import global_process_set, group_of, root_in
 
 

@@ -27,10 +27,11 @@ import math
 import torch
 
 from ... import api
-from ...ops import ReduceOp
+from ...ops import ReduceOp, as_op
 
 from ..common import reduction
 from ..common.compression import Compression, Compressor
+from ..common.tensors import host_copy
 from . import adasum, joining
 from .adasum import ADASUM
 from .handles import Pending, register
@@ -49,27 +50,21 @@ def resolve_op(op, average=None, default=ReduceOp.AVG):
         raise ValueError("the op parameter supersedes average; pass only one of them")
     if op is None:
         return default if average is None else (ReduceOp.AVG if average else ReduceOp.SUM)
-    if op not in OPS:
+    if op is ADASUM:
+        return op
+    try:
+        ours = as_op(op)  # a foreign op (torch's) by name, never by its number
+    except TypeError:
+        ours = None
+    if ours not in OPS:
         raise ValueError(f"op must be one of Average, Sum, Min, Max, Product, Adasum; got {op!r}")
-    return op if op is ADASUM else ReduceOp(op)
+    return ours
 
 
 def scale_(flat: torch.Tensor, factor: float) -> None:
     """``flat = dtype(float64(flat) * factor)`` in place (complex: complex128; no-op for 1)."""
     if factor != 1.0:
         flat.copy_(flat.to(torch.complex128 if flat.is_complex() else torch.float64).mul_(factor))
-
-
-def host_copy(tensors) -> torch.Tensor:
-    """A new flat CPU tensor holding ``tensors`` back to back (they must share a dtype).
-
-    Raises:
-        TypeError: the tensors have different dtypes.
-    """
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) > 1:
-        raise TypeError(f"tensors reduced together must share a dtype, got {sorted(map(str, dtypes))}")
-    return torch.cat([t.detach().reshape(-1).cpu() for t in tensors])
 
 
 def start_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postscale_factor: float = 1.0,

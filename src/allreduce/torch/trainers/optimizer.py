@@ -16,6 +16,7 @@ from ...ops import ReduceOp
 from ..common.compression import Compression, Compressor
 from ..common.reduction import REDUCTIONS
 from ..horovod.adasum import ADASUM
+from ..horovod.reductions import resolve_op
 from .adasum import AdasumOptimizer
 from .averaging import AveragingOptimizer
 from .wrapped import DEFAULT_FUSION_MB, WrappedOptimizer
@@ -61,8 +62,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Raises:
         ValueError: bad options, or ``named_parameters`` that do not cover the optimizer's parameters.
     """
-    if op is not ADASUM and op not in REDUCTIONS:
+    try:
+        resolved = resolve_op(op)  # Horovod's ops, or torch's by name (never by number)
+    except ValueError:
+        resolved = None
+    if resolved is not ADASUM and resolved not in REDUCTIONS:
         raise ValueError(f"op must be ReduceOp.AVG (hvd.Average), ReduceOp.SUM (hvd.Sum) or hvd.Adasum, got {op!r}")
+    op = resolved
     if num_groups:
         warnings.warn("num_groups is deprecated (as in Horovod); pass groups=", DeprecationWarning, stacklevel=2)
         groups = num_groups if groups is None else groups
