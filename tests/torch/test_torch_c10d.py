@@ -164,3 +164,22 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive():
         return True
 
     assert run_torch_ranks(fn, 3) == [True] * 3
+
+
+def test_destroying_a_group_releases_our_keys_from_torchs_store():
+    """Groups made and destroyed in a loop leave at most torch's own key per group in its store (ours:
+    addresses, hellos, progress, point-to-point ports, were seven more per group)."""
+    def fn(rank, size):
+        store = dist.distributed_c10d._get_default_store()
+        counts = []
+        for cycle in range(21):
+            group = dist.new_group([0, 1])
+            dist.all_reduce(torch.ones(1), group=group)
+            dist.destroy_process_group(group)
+            dist.barrier()
+            if cycle % 10 == 0:
+                counts.append(store.num_keys())
+        return counts
+
+    for first, middle, last in run_torch_ranks(fn, 2):
+        assert last - middle <= 10 and middle - first <= 10, (first, middle, last)

@@ -233,12 +233,14 @@ class ProcessGroupAllreduce:
         return self._issued
 
     def shutdown(self) -> None:
-        """Close the group, then leave the store (rank 0 waits briefly for the others to leave); once."""
+        """Close the group, release its keys from torch's store, then leave it (rank 0 waits briefly for the
+        others to leave); once."""
         if self._left:
             return
         self._left = True
         healthy = self.group.healthy
         self.group.close()
+        bootstrap.release(self.group.store, self.group.size)
         bootstrap.leave(self.group.store, self.group.size, wait=healthy)
 
     def abort(self) -> None:
