@@ -153,7 +153,7 @@ def choose(collective, nbytes, size=4, requested=None, **kwargs):
 
 @pytest.mark.parametrize("collective", lines.ONE_ROUND)
 def test_one_round_up_to_at_once_bytes_per_rank(collective):
-    assert choose(collective, 0) == "lines"  # as fastpath.plan: nothing to write still takes the round
+    assert choose(collective, 0) == "lines"  # nothing to write still takes the round
     assert choose(collective, 8) == "lines"
     assert choose(collective, LIMITS.at_once) == "lines"
     above = choose(collective, LIMITS.at_once + 1)

@@ -1,9 +1,9 @@
-"""The shared-memory lines as schedules: what ``fastpath.py`` does on them, step for step.
+"""The shared-memory lines as schedules: what the lines engine (``engines/lines.py``) does on them, step for step.
 
 Every rank of a host owns a *line* in shared memory. A *round* is one post (write the payload into
 one's line, then the round's number) and one wait (until every peer's line shows that number); peers
 then read the payload where it lies. The group runs these entries on the lines themselves where its
-transport has them; elsewhere, run by name, the executor runs the same schedules over frames.
+transport has them; elsewhere, run by name, the schedule engine runs them over frames.
 
 - One round (``lines``): every rank that writes sends its data to every rank that reads it. An
   all-reduce receives every peer's data into scratch slots and folds the ``n`` terms in rank order,

@@ -72,7 +72,7 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
 
 def on_lines(collective: str, nbytes: int, itemsize: int, lines: LineLimits | None) -> str | None:
     """``"lines"`` or ``"chunked_lines"`` where an auto call of ``nbytes`` per rank takes the ``lines``
-    (exactly as ``fastpath.plan`` decides), else ``None``."""
+    (their one round up to ``at_once`` bytes per rank, else chunks up to ``chunked_max``), else ``None``."""
     if lines is None:
         return None
     if collective in line_schedules.ONE_ROUND and lines.at_once and nbytes <= lines.at_once:

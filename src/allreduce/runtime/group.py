@@ -133,7 +133,8 @@ class ProcessGroup:
         callback, :class:`GroupBroken` on a broken or destroyed group, ``ValueError`` for an unknown
         algorithm (all before anything is sent).
         """
-        self._life.check_owner()
+        if not self._life.usable:  # read unlocked: a fork child must not take a lock its parent may have held
+            self._life.check_owner()
         with self._lock:
             self._claims.claim(request.collective, threading.get_ident())
             if not self._life.usable:

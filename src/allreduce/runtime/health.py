@@ -57,9 +57,9 @@ class Health:
         """(sequence number, description) of the last collective each peer published, read through ``store``."""
         states: dict[int, tuple[int, str] | None] = {}
         for rank in range(self.size):
-            key = f"progress/{rank}"
             if rank == self.rank:
                 continue
+            key = f"progress/{rank}"
             if not store.check([key]):
                 states[rank] = None
                 continue

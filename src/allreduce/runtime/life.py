@@ -46,7 +46,7 @@ class Life:
         if to not in ALLOWED[self.state]:
             raise RuntimeError(f"{self._who} cannot go from {self.state.value} to {to.value}")
         self.state = to
-        self.usable = to is not State.CLOSED and self.failure is None
+        self.usable = to is not State.CLOSED and self.failure is None and self.foreign is None
         if to is State.CLOSING:
             self.stopping.set()
 

@@ -1,6 +1,6 @@
 """A twin of a group for a thread of its own: the same ranks, its own links and sequence numbers.
 
-A group serves one thread at a time (:mod:`allreduce.group`): collectives from two threads at once
+A group serves one thread at a time (:mod:`allreduce.runtime.claims`): collectives from two threads at once
 would pair up in different orders on different ranks. Work that communicates from a thread of its own,
 such as :func:`~allreduce.torch.DistributedOptimizer` reducing gradients while backward runs, forms
 a twin of the caller's group *from that thread*. Every rank of the group forms the same twins in the
