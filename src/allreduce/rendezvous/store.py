@@ -257,6 +257,9 @@ class PrefixStore(Store):
         return replace(request, key=self._prefix + request.key)
 
 
+_ANSWER_S = 0.1  # at most this much of a bounded view's time is kept for the store's answer
+
+
 class _Within(Store):
     """A view of ``store`` whose requests end ``seconds`` from its making (see :meth:`Store.within`);
     its default wait is what is left, and a request made later fails at once. Closing the view
@@ -284,8 +287,10 @@ class _Within(Store):
         return self._store._answer(request, due)
 
     def _timeout_ms(self, timeout: float | None) -> int:
-        left = max(math.floor((self._due - time.monotonic()) * 1000), 0)
-        return min(super()._timeout_ms(timeout), left)
+        """The wait the store is asked for: what is left, less a margin for its answer to come back, so that
+        a busy host says which key timed out before the caller's own deadline cuts it off."""
+        left = self._due - time.monotonic()
+        return min(super()._timeout_ms(timeout), max(math.floor((left - min(_ANSWER_S, left / 4)) * 1000), 0))
 
 
 class HashStore(Store):
