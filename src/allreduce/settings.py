@@ -21,6 +21,7 @@ from .logs import LEVELS
 
 DEFAULT_TIMEOUT = 600.0  # seconds: rendezvous, store waits and collectives, unless the caller says otherwise
 TRANSPORTS = ("auto", "shm", "tcp")
+ENGINES = ("auto", "python", "native")
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,13 @@ class Settings:
     tls_ca: str = ""  # ALLREDUCE_TLS_CA: the CA that must have signed every peer's certificate (PEM)
     secret: str = field(default="", repr=False)  # ALLREDUCE_SECRET: the job's shared secret (never shown)
     cache_home: str = ""  # XDG_CACHE_HOME: the user's cache, where the default cost profile lives ("": ~/.cache)
+    engine: str = "auto"  # ALLREDUCE_ENGINE: what runs a call: "python", "native" (compiled) or "auto"
 
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ValueError(f"ALLREDUCE_TRANSPORT={self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"ALLREDUCE_ENGINE={self.engine!r} is not one of {', '.join(ENGINES)}")
         if not self.algorithm:
             raise ValueError("ALLREDUCE_ALGO is empty; unset it or name an algorithm (see `allreduce plan`)")
         if self.debug.upper() not in LEVELS:
@@ -87,6 +91,8 @@ VARIABLES = (  # (variable, Settings field, meaning), for the docs and for error
     ("ALLREDUCE_TLS_CA", "tls_ca", "the CA (PEM file) that must have signed every rank's certificate"),
     ("ALLREDUCE_SECRET", "secret", "the job's shared secret that authenticates every connection; `allreduce run` "
      "makes one for a single node, several nodes must share one"),
+    ("ALLREDUCE_ENGINE", "engine", "auto (the compiled engine where it was built, else Python), native "
+     "(the compiled engine; an error where it is missing) or python"),
     ("XDG_CACHE_HOME", "cache_home", "the user's cache directory (default ~/.cache): `allreduce tune` writes the "
      "cost profile to allreduce/profile.json in it, where the planner reads it unless ALLREDUCE_PROFILE names one"),
 )

@@ -18,7 +18,7 @@ def test_every_variable_lands_in_its_field():
                "ALLREDUCE_HOST_ID": "node7", "ALLREDUCE_TIMELINE": "t.json", "ALLREDUCE_PROFILE": "p.json",
                "ALLREDUCE_DEBUG": "INFO", "ALLREDUCE_TLS_CERT": "c.pem", "ALLREDUCE_TLS_KEY": "k.pem",
                "ALLREDUCE_TLS_CA": "ca.pem", "ALLREDUCE_DETERMINISTIC": "1", "ALLREDUCE_SECRET": "s",
-               "XDG_CACHE_HOME": "/c"}
+               "ALLREDUCE_ENGINE": "python", "XDG_CACHE_HOME": "/c"}
     settings = Settings.from_env(environ)
     assert {field: getattr(settings, field) for _, field, _ in VARIABLES} == \
         {field: environ[name] for name, field, _ in VARIABLES}
@@ -27,6 +27,11 @@ def test_every_variable_lands_in_its_field():
 def test_a_bad_transport_names_the_variable_and_the_choices():
     with pytest.raises(ValueError, match=r"ALLREDUCE_TRANSPORT='udp' is not one of auto, shm, tcp"):
         Settings.from_env({"ALLREDUCE_TRANSPORT": "udp"})
+
+
+def test_a_bad_engine_names_the_variable_and_the_choices():
+    with pytest.raises(ValueError, match=r"ALLREDUCE_ENGINE='c' is not one of auto, python, native"):
+        Settings.from_env({"ALLREDUCE_ENGINE": "c"})
 
 
 def test_a_misspelt_algorithm_is_an_error_not_ignored():
