@@ -46,10 +46,12 @@ from .horovod.gathers import (
 )
 from .horovod.handles import poll, synchronize
 from .horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .horovod.reducescatters import (
+    grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async,
+)
 from .horovod.reductions import (
     allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
-    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
-    reducescatter, reducescatter_async,
+    grouped_allreduce_async, grouped_allreduce_async_,
 )
 from .trainers.broadcast import broadcast_optimizer_state, broadcast_parameters
 from .trainers.optimizer import DistributedOptimizer

@@ -19,7 +19,7 @@ from ... import api
 from ...errors import AllreduceError
 from ...ops import ReduceOp
 
-from . import handles, joining
+from . import handles, joining, negotiation
 from . import process_sets as registry
 from .adasum import ADASUM
 
@@ -72,6 +72,7 @@ def shutdown() -> None:
     if not is_initialized():
         return
     handles.clear()
+    negotiation.clear()
     joining.disable()
     registry.teardown()
     if _State.formed and api.is_initialized():

@@ -1,10 +1,11 @@
 """Horovod's asynchronous handles: an integer per operation in flight, redeemed by ``synchronize``.
 
-An operation is started in the caller's thread (a group serves one thread at a time), in
-program order, so every rank issues the same collectives in the same order. What it leaves in flight
-is a :class:`Pending`: the :class:`~allreduce.Work` objects of its collectives and a ``finish``
-function that turns their buffers into the operation's result (scaling, unpacking, copying to the
-caller's device). ``poll`` asks whether the collectives are done; ``synchronize`` waits and finishes.
+An operation is negotiated and started in the caller's thread (a group serves one thread at a time;
+see :mod:`.negotiation`). Once started it is a :class:`Pending`: the :class:`~allreduce.Work`
+objects of its collectives and a ``finish`` function that turns their buffers into the operation's
+result (scaling, unpacking, copying to the caller's device). A handle holds the negotiation's ticket:
+``poll`` asks whether the collectives are done; ``synchronize`` negotiates if need be, waits and
+finishes.
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ class Pending:
         return self.finish()
 
 
-_TABLE: dict[int, Pending] = {}
+_TABLE: dict[int, tuple] = {}  # handle -> (operation with done() and wait(), whether its result is a list of one)
 _NUMBERS = itertools.count(1)
 
 
-def register(pending: Pending) -> int:
-    """A new handle for ``pending``."""
+def register(operation, single: bool = False) -> int:
+    """A new handle for ``operation`` (anything with ``done()`` and ``wait()``); ``single``: its result is
+    a list of one tensor, which ``synchronize`` returns alone."""
     handle = next(_NUMBERS)
-    _TABLE[handle] = pending
+    _TABLE[handle] = (operation, single)
     return handle
 
 
@@ -50,7 +52,7 @@ def poll(handle: int) -> bool:
     """
     if handle not in _TABLE:
         raise ValueError(f"unknown handle {handle!r}: it was never returned, or was already synchronized")
-    return _TABLE[handle].done()
+    return _TABLE[handle][0].done()
 
 
 def synchronize(handle: int):
@@ -65,8 +67,11 @@ def synchronize(handle: int):
     Raises:
         AllreduceError: the collective failed (the handle is gone all the same).
     """
-    pending = _TABLE.pop(handle, None)
-    return None if pending is None else pending.wait()
+    operation, single = _TABLE.pop(handle, (None, False))
+    if operation is None:
+        return None
+    result = operation.wait()
+    return result[0] if single else result
 
 
 def clear() -> None:

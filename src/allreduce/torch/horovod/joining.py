@@ -1,24 +1,23 @@
 """Horovod's ``join``: ranks that ran out of data keep answering the reductions of those that did not.
 
-Every reduction of the Horovod layer on a *channel* (the global process set's group, and the gradient
-group of each :func:`DistributedOptimizer` built after ``hvd.init``) is preceded by an *agreement*:
-a SUM all-reduce of six int64s, ``[1, kind, count, dtype, op, wire dtype]``. Ranks still computing
-contribute their request; a rank inside :func:`join` contributes zeros. The sum tells a joined rank how
-many ranks are active and, divided by that, which reduction they run: it runs the same collectives
-on the op's identity (zeros for sums and Adasum), so the active ranks get the result of their own
-contributions, Average still dividing by the group size as Horovod does. A round whose first
-element is 0 means that every rank has joined, and ``join`` returns.
+On the global process set, ``join`` is negotiated like every Horovod operation
+(:mod:`.negotiation`): a joined rank runs each reduction the others agree on with the op's identity as
+its share (:func:`contribute`), so the active ranks get the result of their own contributions, Average
+still dividing by the set's size as Horovod does.
 
-The agreement also catches active ranks that ask for different reductions (``Mismatch``), as Horovod's
-coordinator reports mismatched shapes. Its price is one 48-byte all-reduce per reduction (a fused
-bucket of the optimizer is one reduction). Only reductions are served: a joined rank takes no part in
-broadcast, allgather, alltoall or reducescatter (Horovod refuses them with a joined rank too), so a
-rank calling one then fails with ``Mismatch``.
+The gradient group of each :func:`DistributedOptimizer` built after ``hvd.init`` is a *channel*: each
+of its reductions is preceded by an *agreement*, a SUM all-reduce of six int64s, ``[1, kind, count,
+dtype, op, wire dtype]``. Ranks still computing contribute their request; a rank inside :func:`join`
+contributes zeros. The sum tells a joined rank how many ranks are active and, divided by that, which
+reduction they run. A round whose first element is 0 means that every rank has joined. The agreement
+also catches active ranks that ask for different reductions (``Mismatch``). Its price is one 48-byte
+all-reduce per reduction (a fused bucket of the optimizer is one reduction).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -45,8 +44,18 @@ class Request:
 
     def header(self, active: int = 1) -> torch.Tensor:
         """The agreement's sum when ``active`` ranks make this request (1: this rank's share)."""
-        codes = [self.kind, self.count, dtypes.code_of(self.dtype), int(self.op), dtypes.code_of(self.wire)]
-        return torch.tensor([active] + [active * c for c in codes], dtype=torch.int64)
+        return torch.tensor([active] + [active * c for c in describe(self)], dtype=torch.int64)
+
+
+def describe(request: Request) -> list[int]:
+    """``request`` as five ints (what an agreement sums, what a negotiation announces)."""
+    return [request.kind, request.count, dtypes.code_of(request.dtype), int(request.op), dtypes.code_of(request.wire)]
+
+
+def parse(codes: list[int]) -> Request:
+    """The request that :func:`describe` gave ``codes`` for."""
+    kind, count, dtype, op, wire = codes
+    return Request(kind, count, dtypes.dtype_of(dtype), ReduceOp(op), dtypes.dtype_of(wire))
 
 
 class Channel:
@@ -56,14 +65,13 @@ class Channel:
     def __init__(self, group, submit=None):
         self.group = group
         self.submit = submit
-        self.rounds = 0  # agreements so far: the same count on every rank
 
 
 _CHANNELS: list[Channel] = []
 
 
 def enable(world) -> None:
-    """Open the channel of the global process set (``hvd.init``); later optimizers open theirs."""
+    """Start serving joins (``hvd.init``: the global process set's group); later optimizers open channels."""
     _CHANNELS[:] = [Channel(world)]
 
 
@@ -86,11 +94,6 @@ def close_channel(channel: Channel | None) -> None:
         _CHANNELS.remove(channel)
 
 
-def channel_of(group) -> Channel | None:
-    """The channel whose group is ``group``, if any."""
-    return next((c for c in _CHANNELS if c.group is group), None)
-
-
 def agree(channel: Channel | None, request: Request) -> None:
     """Tell joined ranks which reduction comes next (nothing to do without a channel).
 
@@ -101,31 +104,26 @@ def agree(channel: Channel | None, request: Request) -> None:
         return
     total = request.header()
     api.all_reduce(total, ReduceOp.SUM, channel.group)
-    channel.rounds += 1
     if not torch.equal(total, request.header(int(total[0]))):
         g = channel.group
         raise Mismatch(f"rank {g.rank}/{g.size}: ranks of group '{g.name}' asked for different reductions: this rank "
                        f"for {request}, the {int(total[0])} active ranks' requests sum to {total.tolist()}")
 
 
-def join() -> int:
-    """Serve other ranks' reductions until every rank has joined; return the rank that joined last
-    (the one that took part in the most reductions before joining; ties: the highest rank).
+def join(serve_world: Callable[[], int]) -> int:
+    """Serve other ranks' reductions until every rank has joined: the optimizers' channels here, the
+    global process set by ``serve_world()``, whose answer (the rank that joined last) is returned.
 
     Raises:
         ValueError: ``hvd.init()`` has not been called.
     """
     if not _CHANNELS:
         raise ValueError("Horovod has not been initialized; use hvd.init()")
-    world = _CHANNELS[0].group
-    ticket = sum(c.rounds for c in _CHANNELS)
     futures = [c.submit(_serve, c) for c in _CHANNELS[1:]]
-    _serve(_CHANNELS[0])
+    last = serve_world()
     for future in futures:
         future.result()
-    last = torch.tensor([ticket * world.size + world.rank], dtype=torch.int64)
-    api.all_reduce(last, ReduceOp.MAX, world)
-    return int(last) % world.size
+    return last
 
 
 def _serve(channel: Channel) -> None:
@@ -134,7 +132,6 @@ def _serve(channel: Channel) -> None:
     while True:
         total = torch.zeros(6, dtype=torch.int64)
         api.all_reduce(total, ReduceOp.SUM, g)
-        channel.rounds += 1
         active = int(total[0])
         if active == 0:
             return
@@ -143,11 +140,10 @@ def _serve(channel: Channel) -> None:
         if not known or not torch.equal(total[1:], total[1:] // active * active):
             raise Mismatch(f"rank {g.rank}/{g.size} (joined): the {active} active ranks of group '{g.name}' asked "
                            f"for different reductions; their requests sum to {total.tolist()}")
-        kind, count, dtype, op, wire = codes
-        _contribute(Request(kind, count, dtypes.dtype_of(dtype), ReduceOp(op), dtypes.dtype_of(wire)), g)
+        contribute(parse(codes), g)
 
 
-def _contribute(request: Request, group) -> None:
+def contribute(request: Request, group) -> None:
     """Run ``request``'s collectives with the identity of its op as this rank's share."""
     flat = torch.full((request.count,), _identity(request.op, request.dtype), dtype=request.dtype)
     compressor = Compression.none if request.wire == request.dtype else Cast(request.wire)

@@ -1,0 +1,245 @@
+"""Horovod's negotiation: the ranks of a process set agree on an operation, by name, before any data moves.
+
+Horovod pairs operations by *name*, not by issue order, and checks that every rank asked for the same
+thing before it runs: a rank may have several operations in flight, ranks may issue them in different
+orders, and a mismatch (another dtype, shape, op or root) is refused on every rank while the set stays
+usable. This module does the same on the caller's thread:
+
+- A call builds a :class:`Request`: its kind, its name (``<kind>.noname.<n>`` when the caller gave
+  none, counted per kind from the last ``join``, so unnamed calls pair up in issue order), the fields every rank must agree on, and ``start``, which runs its
+  collectives. ``submit`` *queues* it and returns a :class:`Ticket` (the handle's object). A second
+  request with the name of one still queued is a ``ValueError`` at once, as in Horovod.
+- A rank that must wait for a ticket (``synchronize``, a blocking call, ``join``) holds a *round*: one
+  all-gather, over the set, of the requests each rank queued since its last round and the name it waits
+  for. Every rank files what it receives into the same table, in the same order, so every rank takes the
+  same decisions: a request that every rank (but those in ``join``) has announced is *ready*; a ready
+  request whose fields agree starts, in table order, on every rank; one whose fields differ is refused
+  on every rank with a :class:`~allreduce.Mismatch` naming the field, two ranks and their values.
+- A round in which nothing new was announced, nothing was ready, and every rank was waiting can never
+  be followed by progress: each rank's awaited request is refused, naming what every rank waits for.
+- A rank in ``join`` announces a ``join`` request and keeps holding rounds: reductions ready among the
+  others run with this rank contributing the op's identity (:func:`.joining.contribute`); any other
+  kind is refused while a rank is joined (as Horovod does); ``join`` returns, on every rank, once every
+  rank has announced it, with the rank that announced it last.
+
+Queued requests are announced in the next round *this* rank holds, so an ``*_async`` call starts its
+collectives at the next blocking Horovod call of its rank (and ``poll`` says ``False`` until then),
+after which they complete in the background. The price of a round is one small all-gather (a JSON text
+of the requests, a few hundred bytes) before each blocking call; the common case, one blocking call at
+a time, costs one round per call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ... import uneven
+from ...errors import Mismatch
+
+from . import joining
+from .handles import Pending
+
+JOIN = "join"
+
+
+@dataclass
+class Request:
+    """One Horovod operation, as the ranks negotiate it."""
+
+    kind: str  # Horovod's op: "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", ...
+    name: str | None  # the caller's name=, or None for an automatic one
+    agreed: dict = field(default_factory=dict)  # field -> JSON-able value every rank must give alike
+    start: Callable[[], Pending] | None = None  # runs the collectives once agreed (None: nothing to run)
+    serves: joining.Request | None = None  # what a joined rank contributes (None: refused while one is joined)
+
+
+class Ticket:
+    """A submitted :class:`Request`: ``done()`` once its collectives are done, ``wait()`` its result."""
+
+    def __init__(self, negotiator: Negotiator, request: Request):
+        self.negotiator, self.request = negotiator, request
+        self.pending: Pending | None = None
+        self.error: Exception | None = None
+        self.result = None  # what ``join`` returns
+
+    def done(self) -> bool:
+        return self.error is not None or (self.pending is not None and self.pending.done())
+
+    def wait(self):
+        """Hold rounds until the request has started (or was refused), then wait for its result.
+
+        Raises:
+            Mismatch: the ranks asked for different things, or wait for operations that never pair up.
+        """
+        while self.pending is None and self.error is None:
+            self.negotiator.round(self)
+        if self.error is not None:
+            raise self.error
+        return self.pending.wait()
+
+
+class Negotiator:
+    """The negotiation of one process set's group (see the module docstring)."""
+
+    def __init__(self, group, joinable: bool):
+        self.group = group
+        self.joinable = joinable  # the global set: join() is negotiated here
+        self.queued: list[Ticket] = []  # this rank's tickets not yet announced
+        self.mine: dict[str, Ticket] = {}  # this rank's tickets not yet started or refused, by name
+        self.table: dict[str, dict[int, list]] = {}  # name -> {rank: [kind, agreed, serves]}, alike on all ranks
+        self.joined: list[int] = []  # ranks inside join(), in the order they announced it
+        self.counters: Counter = Counter()
+        self.rounds = itertools.count(1)
+
+    def submit(self, request: Request) -> Ticket:
+        """Queue ``request``; it is announced at this rank's next round.
+
+        Raises:
+            ValueError: a request of this name is in flight on this rank.
+        """
+        if request.name is None:
+            self.counters[request.kind] += 1
+            request.name = f"{request.kind}.noname.{self.counters[request.kind]}"
+        if request.name in self.mine:
+            raise ValueError(f"rank {self.group.rank}: a Horovod {self.mine[request.name].request.kind} named "
+                             f"{request.name!r} is already in flight; operations in flight need distinct names")
+        ticket = Ticket(self, request)
+        self.mine[request.name] = ticket
+        self.queued.append(ticket)
+        return ticket
+
+    def round(self, waiting: Ticket) -> None:
+        """One round: announce what this rank queued, file every rank's announcements, settle what can be."""
+        g, number = self.group, next(self.rounds)
+        announced = [[t.request.name, t.request.kind, t.request.agreed,
+                      None if t.request.serves is None else joining.describe(t.request.serves)]
+                     for t in self.queued]
+        self.queued.clear()
+        text = json.dumps([announced, waiting.request.name]).encode()
+        messages: list = []
+        uneven.all_gather(g, np.frombuffer(text, np.uint8),
+                          lambda blocks: messages.extend(json.loads(bytes(b)) for b in blocks))
+        fresh = False
+        for r, (entries, _) in enumerate(messages):
+            for name, kind, agreed, serves in entries:
+                self.table.setdefault(name, {})[r] = [kind, agreed, serves]
+                fresh = True
+                if kind == JOIN:
+                    self.joined.append(r)
+        settled = self._settle()
+        if not (fresh or settled):
+            self._refuse_stuck([w for _, w in messages], number)
+
+    def _settle(self) -> bool:
+        """Start or refuse every ready request, in table order; whether any was."""
+        n, settled = self.group.size, False
+        for name, entry in list(self.table.items()):
+            kind = next(iter(entry.values()))[0]
+            if kind == JOIN:
+                if len(entry) == n:
+                    last = self.joined[-1]
+                    self.joined.clear()
+                    self.counters.clear()  # every rank is here: automatic names start again alike
+                    self._finish(name, result=last)
+                    settled = True
+                continue
+            joined = set(self.joined) - set(entry)
+            if len(entry) + len(joined) < n:
+                continue
+            settled = True
+            if joined and any(serves is None for _, _, serves in entry.values()):
+                self._finish(name, error=Mismatch(
+                    f"rank {self.group.rank}/{n}: Horovod {kind} {name!r} cannot run while rank(s) "
+                    f"{sorted(joined)} have joined; only allreduce serves joined ranks"))
+            elif (error := self._disagreement(name, kind, entry)) is not None:
+                self._finish(name, error=error)
+            else:
+                self._run(name, entry, joined)
+        return settled
+
+    def _disagreement(self, name: str, kind: str, entry: dict) -> Mismatch | None:
+        """The Mismatch of a ready request whose ranks differ in kind or in an agreed field, if they do."""
+        ranks = sorted(entry)
+        first = entry[ranks[0]]
+        for r in ranks[1:]:
+            other = entry[r]
+            fields = ["kind"] if other[0] != first[0] else [f for f in first[1] if first[1][f] != other[1].get(f)]
+            if fields:
+                what = fields[0]
+                mine, theirs = (first[0], other[0]) if what == "kind" else (first[1][what], other[1].get(what))
+                return Mismatch(f"rank {self.group.rank}/{self.group.size}: Horovod {kind} {name!r}: mismatched "
+                                f"{what}: rank {ranks[0]} gave {mine}, rank {r} gave {theirs}")
+        return None
+
+    def _run(self, name: str, entry: dict, joined: set) -> None:
+        """Start an agreed request: this rank's own, or a joined rank's identity contribution."""
+        del self.table[name]
+        ticket = self.mine.pop(name, None)
+        if ticket is None:  # this rank is joined: serve the reduction
+            serves = next(s for _, _, s in entry.values())
+            joining.contribute(joining.parse(serves), self.group)
+            return
+        start = ticket.request.start
+        ticket.pending = start() if start is not None else Pending([], lambda: None)
+
+    def _finish(self, name: str, error: Exception | None = None, result=None) -> None:
+        """Settle ``name`` without running it: refused with ``error``, or (``join``) with ``result``."""
+        del self.table[name]
+        ticket = self.mine.pop(name, None)
+        if ticket is None:
+            return
+        if error is not None:
+            ticket.error = error
+        else:
+            ticket.result = result
+            ticket.pending = Pending([], lambda: result)
+
+    def _refuse_stuck(self, waits: list[str], number: int) -> None:
+        """Every rank waits and nothing can move: refuse each awaited request (``join`` excepted)."""
+        waited = ", ".join(f"rank {r} for {w!r}" for r, w in enumerate(waits))
+        for r, name in enumerate(waits):
+            if name in self.table and self.table[name].get(r, [JOIN])[0] != JOIN:
+                self._finish(name, error=Mismatch(
+                    f"rank {self.group.rank}/{self.group.size}: Horovod negotiation round {number}: no operation "
+                    f"can run: {waited}, and no request is ready on every rank (names or order differ)"))
+
+    def forget(self) -> None:
+        """Drop every queued and announced request (``hvd.shutdown``)."""
+        self.queued.clear()
+        self.mine.clear()
+        self.table.clear()
+        self.joined.clear()
+
+
+_NEGOTIATORS: dict[int, Negotiator] = {}
+
+
+def negotiator_of(group, joinable: bool = False) -> Negotiator:
+    """The negotiator of ``group`` (created at first use)."""
+    found = _NEGOTIATORS.get(id(group))
+    if found is None or found.group is not group:
+        found = _NEGOTIATORS[id(group)] = Negotiator(group, joinable)
+    return found
+
+
+def submit(group, request: Request) -> Ticket:
+    """Queue ``request`` on ``group``'s negotiator (see :meth:`Negotiator.submit`)."""
+    return negotiator_of(group).submit(request)
+
+
+def run(group, request: Request):
+    """Submit ``request`` and wait for its result (a blocking Horovod call)."""
+    return submit(group, request).wait()
+
+
+def clear() -> None:
+    """Forget every negotiator (``hvd.shutdown``)."""
+    for negotiator in _NEGOTIATORS.values():
+        negotiator.forget()
+    _NEGOTIATORS.clear()
