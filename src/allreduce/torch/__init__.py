@@ -42,7 +42,7 @@ from .horovod.broadcasts import (
 )
 from .horovod.gathers import (
     allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
-    grouped_allgather_async,
+    grouped_allgather_async, sparse_allreduce_async,
 )
 from .horovod.handles import poll, synchronize
 from .horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -73,5 +73,6 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
-    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
+    "sparse_allreduce_async", "synchronize",
 ]

@@ -22,9 +22,9 @@ from ... import api
 from ...objects import all_gather_object
 
 from . import negotiation
-from .basics import Average
-from .handles import Pending, register
-from .reductions import grouped_allreduce
+from .basics import Average, Sum
+from .handles import Pending, register, synchronize
+from .reductions import grouped_allreduce, resolve_op
 from .process_sets import global_process_set, group_of
 
 def _start_allgather(tensor: torch.Tensor, group) -> tuple[Pending, list[int]]:
@@ -118,6 +118,36 @@ class _Gathered:
 
     def wait(self) -> list:
         return [gathered for gathered, _ in self.ticket.wait()]
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Start reducing the sparse COO ``tensor`` across the set as Horovod does, by all-gathering its
+    indices and values (duplicates add up when the result is coalesced); returns a function that waits
+    and returns the sparse result (Horovod's form of the handle).
+
+    Example (two ranks)::
+
+        t = torch.sparse_coo_tensor([[rank]], [1.0], (2,))
+        hvd.sparse_allreduce_async(t, name="t", op=hvd.Sum)().to_dense()   # both: tensor([1., 1.])
+
+    Raises:
+        ValueError: an op other than Average or Sum.
+    """
+    op = resolve_op(op)
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async supports Average and Sum (as Horovod), got {op!r}")
+    t = tensor.coalesce()
+    indices = allgather_async(t.indices().transpose(0, 1).contiguous(), None if name is None else f"{name}.indices",
+                              process_set)
+    values = allgather_async(t.values(), None if name is None else f"{name}.values", process_set)
+
+    def wait() -> torch.Tensor:
+        gathered_values, gathered_indices = synchronize(values), synchronize(indices)
+        if op is Average:
+            gathered_values = gathered_values / len(process_set.ranks)
+        return torch.sparse_coo_tensor(gathered_indices.transpose(0, 1), gathered_values, t.size())
+
+    return wait
 
 
 def submit_alltoall(tensor: torch.Tensor, splits, process_set, name=None) -> negotiation.Ticket:

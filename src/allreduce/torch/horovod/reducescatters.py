@@ -59,11 +59,12 @@ def submit_reducescatter(tensors, op, compression: Compressor, process_set, pres
     rank's parts.
 
     Raises:
-        ValueError: an op other than Average or Sum, a tensor of no dimension, or this rank not in the set.
+        NotImplementedError: an op other than Average or Sum (a RuntimeError, as Horovod's).
+        ValueError: a tensor of no dimension, or this rank not in the set.
         TypeError: the tensors have different dtypes.
     """
     if op not in (ReduceOp.AVG, ReduceOp.SUM):
-        raise ValueError(f"reducescatter supports Average and Sum (as Horovod), got {op!r}")
+        raise NotImplementedError(f"reducescatter supports Average and Sum (as Horovod), not {op!r}")
     if any(t.dim() == 0 for t in tensors):
         raise ValueError("reducescatter needs tensors of at least one dimension (it splits dim 0)")
     dtypes = sorted({str(t.dtype) for t in tensors})
