@@ -2,7 +2,7 @@
 
 ``hvd.init()`` joins allreduce's default group (``allreduce.init_process_group()``: ``env://``, so it
 runs under ``allreduce run``, ``torchrun``, ``mpirun`` and ``srun``), or adopts it when the script
-formed it already. ``local_*``/``cross_*`` come from the group's topology, in Horovod's vocabulary.
+formed it already; a process started without a launcher is a job of one rank, as in Horovod. ``local_*``/``cross_*`` come from the group's topology, in Horovod's vocabulary.
 
 The ``*_built()``/``*_enabled()`` queries answer truthfully for this library: it is built on none of
 MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm kernels (CUDA tensors are staged through host memory), so
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import atexit
 
-from ... import api
+from ... import api, rendezvous
 from ...errors import AllreduceError
 from ...ops import ReduceOp
 
@@ -56,7 +56,9 @@ def init(comm=None, process_sets=None) -> None:
     if is_initialized():
         return
     _State.formed = not api.is_initialized()
-    if _State.formed:
+    if _State.formed and rendezvous.from_environment().source == "none":  # started alone: one rank, as Horovod
+        api.init_process_group(store=rendezvous.HashStore(), rank=0, world_size=1)
+    elif _State.formed:
         api.init_process_group()
     world = api.default_group()
     registry.setup(world)

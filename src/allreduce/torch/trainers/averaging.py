@@ -17,6 +17,7 @@ counts passes and the bucket waits for the k-th; gradients accumulate in ``.grad
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -86,16 +87,23 @@ class AveragingOptimizer(WrappedOptimizer):
         A ``closure`` is evaluated once, before synchronizing (optimizers that re-evaluate it, such as
         LBFGS, are not supported). Returns the closure's loss.
 
+        Warns (as Horovod): outside ``skip_synchronize`` after an explicit ``synchronize()``.
+
         Raises:
             RuntimeError: inside ``skip_synchronize`` while reductions are still in flight.
         """
         loss = evaluate(closure)
         if not self._skip:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): step() synchronizes again; wrap it in "
+                              "`with optimizer.skip_synchronize():`", stacklevel=2)
             self.synchronize()
         elif self.in_flight:
             raise RuntimeError("step() inside skip_synchronize() while gradient reductions are in flight; "
                                "call synchronize() before entering skip_synchronize()")
         self.optimizer.step()
+        self._synchronized = False
         return loss
 
     def close(self) -> None:

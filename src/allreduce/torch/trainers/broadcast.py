@@ -18,6 +18,7 @@ from ... import api
 
 from ..c10d.groups import resolve
 from ..common.tensors import Staged
+from .wrapped import WrappedOptimizer
 
 
 def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
@@ -49,13 +50,17 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, group=None) -> None
     """Load ``root_rank``'s optimizer state (``state_dict()``) into ``optimizer`` on every rank.
 
     ``optimizer`` is a ``torch.optim.Optimizer`` (one that :func:`DistributedOptimizer` returned too);
-    every rank's must have the same parameter groups.
+    every rank's must have the same parameter groups. As in Horovod, an optimizer that has no state yet
+    first takes one step of its own (no reduction) on zero gradients, which creates its state (momentum
+    buffers, step counts): every parameter that requires a gradient is left with a zero ``grad``.
 
     Example (two ranks)::
 
         broadcast_optimizer_state(opt, root_rank=0)   # e.g. after rank 0 loaded a checkpoint
     """
     g = resolve(group)
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer.optimizer if isinstance(optimizer, WrappedOptimizer) else optimizer)
     root = api.get_rank(g) == root_rank
     if root:
         buffer = io.BytesIO()
@@ -68,3 +73,14 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, group=None) -> None
     api.broadcast(data, root_rank, group=g)
     if not root:
         optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True))
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """One step of ``optimizer`` on zero gradients (Horovod's way to give a new optimizer its state)."""
+    for param_group in optimizer.param_groups:
+        for p in param_group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    optimizer.step()

@@ -46,6 +46,7 @@ class WrappedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._threshold = int(fusion_threshold_mb * 2**20)
         named = _named(optimizer, named_parameters)
+        self._parameter_names = {p: name for name, p in named}  # Horovod's attribute, which ported scripts read
         parent = _parent_group(process_set, group)
         self._lock = threading.Lock()
         self._comm = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="allreduce-grads")
