@@ -24,6 +24,7 @@ from .horovod.reductions import (
     allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_,
 )
+from .horovod.timeline import start_timeline, stop_timeline
 
 __all__ = [
     "Adasum", "Average", "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set",
@@ -35,5 +36,5 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async",
-    "synchronize",
+    "start_timeline", "stop_timeline", "synchronize",
 ]

@@ -42,7 +42,7 @@ import numpy as np
 from ... import uneven
 from ...errors import Mismatch
 
-from . import joining
+from . import joining, timeline
 from .handles import Pending
 
 JOIN = "join"
@@ -81,7 +81,11 @@ class Ticket:
             self.negotiator.round(self)
         if self.error is not None:
             raise self.error
-        return self.pending.wait()
+        try:
+            return self.pending.wait()
+        finally:
+            if (trace := timeline.active()) is not None:
+                trace.end(self.request.name)
 
 
 class Negotiator:
@@ -106,17 +110,23 @@ class Negotiator:
         if request.name is None:
             self.counters[request.kind] += 1
             request.name = f"{request.kind}.noname.{self.counters[request.kind]}"
+        else:
+            request.name = f"{request.kind}.{request.name}"  # as Horovod: an allreduce and a broadcast may share one
         if request.name in self.mine:
             raise ValueError(f"rank {self.group.rank}: a Horovod {self.mine[request.name].request.kind} named "
                              f"{request.name!r} is already in flight; operations in flight need distinct names")
         ticket = Ticket(self, request)
         self.mine[request.name] = ticket
         self.queued.append(ticket)
+        if (trace := timeline.active()) is not None:
+            trace.begin(request.name, f"NEGOTIATE_{request.kind.upper()}")
         return ticket
 
     def round(self, waiting: Ticket) -> None:
         """One round: announce what this rank queued, file every rank's announcements, settle what can be."""
         g, number = self.group, next(self.rounds)
+        if (trace := timeline.active()) is not None:
+            trace.cycle()
         announced = [[t.request.name, t.request.kind, t.request.agreed,
                       None if t.request.serves is None else joining.describe(t.request.serves)]
                      for t in self.queued]
@@ -185,6 +195,9 @@ class Negotiator:
             serves = next(s for _, _, s in entry.values())
             joining.contribute(joining.parse(serves), self.group)
             return
+        if (trace := timeline.active()) is not None:
+            trace.end(name)
+            trace.begin(name, ticket.request.kind.upper())
         start = ticket.request.start
         ticket.pending = start() if start is not None else Pending([], lambda: None)
 
