@@ -167,3 +167,15 @@ def test_sparse_allreduce_async_matches_the_dense_average():
         expected[5, r] += 2.0 / SIZE
     for result in run_hvd(fn, SIZE):
         assert torch.allclose(result, expected)
+
+
+def test_announcements_longer_than_a_slot_are_exchanged_whole():
+    def fn(rank, size):
+        parts = [torch.full((k % 7 + 1, 2), float(rank + k)) for k in range(100)]  # shapes: > 512 bytes of text
+        summed = hvd.grouped_allreduce(parts, op=hvd.Sum, name="n" * 600)
+        odd = [p.view(-1) if rank == 1 and k == 99 else p for k, p in enumerate(parts)]
+        return summed, refused(lambda: hvd.grouped_allreduce(odd, op=hvd.Sum))
+
+    for summed, message in run_hvd(fn, SIZE):
+        assert all(torch.equal(s, torch.full((k % 7 + 1, 2), 3.0 * k + 3)) for k, s in enumerate(summed))
+        assert "mismatched shapes" in message

@@ -24,9 +24,9 @@ usable. This module does the same on the caller's thread:
 
 Queued requests are announced in the next round *this* rank holds, so an ``*_async`` call starts its
 collectives at the next blocking Horovod call of its rank (and ``poll`` says ``False`` until then),
-after which they complete in the background. The price of a round is one small all-gather (a JSON text
-of the requests, a few hundred bytes) before each blocking call; the common case, one blocking call at
-a time, costs one round per call.
+after which they complete in the background. The price of a round is one all-gather of a 512-byte
+slot per rank (the JSON text of the requests; a second all-gather when a text is longer) before each
+blocking call; the common case, one blocking call at a time, costs one round per call.
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
 
-from ... import uneven
+from ... import api, uneven
 from ...errors import Mismatch
 
 from . import joining, timeline
 from .handles import Pending
 
 JOIN = "join"
+SLOT = 512  # bytes per rank of a round's all-gather: most rounds' texts fit (else a second, exact one)
 
 
 @dataclass
@@ -131,10 +133,7 @@ class Negotiator:
                       None if t.request.serves is None else joining.describe(t.request.serves)]
                      for t in self.queued]
         self.queued.clear()
-        text = json.dumps([announced, waiting.request.name]).encode()
-        messages: list = []
-        uneven.all_gather(g, np.frombuffer(text, np.uint8),
-                          lambda blocks: messages.extend(json.loads(bytes(b)) for b in blocks))
+        messages = [json.loads(m) for m in _exchange(g, json.dumps([announced, waiting.request.name]).encode())]
         fresh = False
         for r, (entries, _) in enumerate(messages):
             for name, kind, agreed, serves in entries:
@@ -228,6 +227,23 @@ class Negotiator:
         self.mine.clear()
         self.table.clear()
         self.joined.clear()
+
+
+def _exchange(group, text: bytes) -> list[bytes]:
+    """Every rank's ``text``, in rank order: one all-gather of :data:`SLOT`-byte slots (a length, then
+    the text), and a second, of the whole texts, only when one did not fit its slot."""
+    slot = torch.zeros(SLOT, dtype=torch.uint8)
+    slot[:8] = torch.frombuffer(bytearray(len(text).to_bytes(8, "little")), dtype=torch.uint8)
+    if len(text) <= SLOT - 8:
+        slot[8:8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    slots = torch.empty(group.size, SLOT, dtype=torch.uint8)
+    api.all_gather_into_tensor(slots, slot, group=group)
+    lengths = [int.from_bytes(bytes(row[:8].tolist()), "little") for row in slots]
+    if max(lengths) <= SLOT - 8:
+        return [bytes(row[8:8 + n].numpy()) for row, n in zip(slots, lengths)]
+    texts: list[bytes] = []
+    uneven.all_gather(group, np.frombuffer(text, np.uint8), lambda blocks: texts.extend(bytes(b) for b in blocks))
+    return texts
 
 
 _NEGOTIATORS: dict[int, Negotiator] = {}
