@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import torch
 
 from ... import api, uneven
 from ...errors import Mismatch
@@ -232,15 +231,15 @@ class Negotiator:
 def _exchange(group, text: bytes) -> list[bytes]:
     """Every rank's ``text``, in rank order: one all-gather of :data:`SLOT`-byte slots (a length, then
     the text), and a second, of the whole texts, only when one did not fit its slot."""
-    slot = torch.zeros(SLOT, dtype=torch.uint8)
-    slot[:8] = torch.frombuffer(bytearray(len(text).to_bytes(8, "little")), dtype=torch.uint8)
+    slot = np.zeros(SLOT, np.uint8)
+    slot[:8] = np.frombuffer(len(text).to_bytes(8, "little"), np.uint8)
     if len(text) <= SLOT - 8:
-        slot[8:8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    slots = torch.empty(group.size, SLOT, dtype=torch.uint8)
+        slot[8:8 + len(text)] = np.frombuffer(text, np.uint8)
+    slots = np.empty((group.size, SLOT), np.uint8)
     api.all_gather_into_tensor(slots, slot, group=group)
-    lengths = [int.from_bytes(bytes(row[:8].tolist()), "little") for row in slots]
+    lengths = slots[:, :8].copy().view("<i8")[:, 0].tolist()
     if max(lengths) <= SLOT - 8:
-        return [bytes(row[8:8 + n].numpy()) for row, n in zip(slots, lengths)]
+        return [row[8:8 + n].tobytes() for row, n in zip(slots, lengths)]
     texts: list[bytes] = []
     uneven.all_gather(group, np.frombuffer(text, np.uint8), lambda blocks: texts.extend(bytes(b) for b in blocks))
     return texts
