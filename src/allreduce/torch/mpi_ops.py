@@ -4,7 +4,7 @@
 from .horovod.basics import (
     Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, ccl_built, cross_rank, cross_size, cuda_built,
     ddl_built, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline,
 )
 from .horovod.broadcasts import (
     barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object, join,
@@ -24,7 +24,6 @@ from .horovod.reductions import (
     allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_,
 )
-from .horovod.timeline import start_timeline, stop_timeline
 
 __all__ = [
     "Adasum", "Average", "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set",

@@ -19,7 +19,7 @@ from ... import api, rendezvous
 from ...errors import AllreduceError
 from ...ops import ReduceOp
 
-from . import handles, joining, negotiation
+from . import handles, joining, negotiation, timeline
 from . import process_sets as registry
 from .adasum import ADASUM
 
@@ -74,12 +74,35 @@ def shutdown() -> None:
     if not is_initialized():
         return
     handles.clear()
+    timeline.close_timeline()
     negotiation.clear()
     joining.disable()
     registry.teardown()
     if _State.formed and api.is_initialized():
         api.destroy_process_group()
     _State.formed = False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing Horovod's timeline (:mod:`.timeline`) to ``file_path``; rank 0 writes, the other
+    ranks' calls do nothing. A timeline already open is closed first.
+
+    Example (every rank)::
+
+        hvd.start_timeline("timeline.json")
+        hvd.allreduce(x, name="x")          # "allreduce.x": NEGOTIATE_ALLREDUCE, then ALLREDUCE
+        hvd.stop_timeline()
+
+    Raises:
+        ValueError: ``hvd.init()`` has not been called. OSError: the file cannot be written.
+    """
+    if rank() == 0:
+        timeline.open_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Close the timeline (nothing to do if none is open)."""
+    timeline.close_timeline()
 
 
 def is_initialized() -> bool:

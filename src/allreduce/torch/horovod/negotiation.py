@@ -266,6 +266,13 @@ def run(group, request: Request):
     return submit(group, request).wait()
 
 
+def forget(group) -> None:
+    """Drop the negotiator of ``group`` (its process set is removed)."""
+    negotiator = _NEGOTIATORS.pop(id(group), None)
+    if negotiator is not None:
+        negotiator.forget()
+
+
 def clear() -> None:
     """Forget every negotiator (``hvd.shutdown``)."""
     for negotiator in _NEGOTIATORS.values():

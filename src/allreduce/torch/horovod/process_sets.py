@@ -14,6 +14,8 @@ import itertools
 from ... import api
 from ...runtime import ProcessGroup
 
+from . import negotiation
+
 
 class ProcessSet:
     """A set of world ranks that run collectives together; pass it as ``process_set=``.
@@ -123,6 +125,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if _STATE.registered.pop(process_set.process_set_id, None) is None:
         return False
     if isinstance(process_set.group, ProcessGroup):
+        negotiation.forget(process_set.group)
         api.destroy_process_group(process_set.group)
     process_set.process_set_id, process_set.group = None, None
     return True

@@ -1,6 +1,6 @@
 """Horovod's timeline: what each operation spent negotiating and running, as a Chrome trace.
 
-``hvd.start_timeline(path)`` (every rank calls it; rank 0 of the job writes) opens ``path`` as a JSON
+``hvd.start_timeline(path)`` (:mod:`.basics`; every rank calls it, rank 0 of the job writes) opens ``path`` as a JSON
 array of trace events, the format ``chrome://tracing`` and Perfetto read. Each operation is a "process"
 of the trace named by its negotiated name (``allreduce.<name>``, ``allreduce.noname.<n>``), with two
 activities: ``NEGOTIATE_<KIND>`` from the call until every rank asked for it, then ``<KIND>`` until its
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-
-from .process_sets import world
 
 
 class Timeline:
@@ -69,26 +67,14 @@ def active() -> Timeline | None:
     return _State.active
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing Horovod's timeline to ``file_path`` (on rank 0; the other ranks' calls do nothing);
-    a timeline already open is closed first.
-
-    Example (every rank)::
-
-        hvd.start_timeline("/tmp/timeline.json")
-        hvd.allreduce(x, name="x")          # "allreduce.x": NEGOTIATE_ALLREDUCE, then ALLREDUCE
-        hvd.stop_timeline()
-
-    Raises:
-        ValueError: ``hvd.init()`` has not been called. OSError: the file cannot be written.
-    """
-    stop_timeline()
-    if world().rank == 0:
-        _State.active = Timeline(file_path, mark_cycles)
+def open_timeline(file_path: str, mark_cycles: bool) -> None:
+    """Close the open timeline, if any, and open one at ``file_path``."""
+    close_timeline()
+    _State.active = Timeline(file_path, mark_cycles)
 
 
-def stop_timeline() -> None:
-    """Close the timeline (nothing to do if none is open)."""
+def close_timeline() -> None:
+    """Close the open timeline (nothing to do if none is open)."""
     if _State.active is not None:
         _State.active.close()
         _State.active = None
