@@ -45,7 +45,8 @@ def register(operation, single: bool = False) -> int:
 
 
 def poll(handle: int) -> bool:
-    """Whether the operation of ``handle`` has completed (``synchronize`` will not block).
+    """Whether the operation of ``handle`` has completed (``synchronize`` will not block). It holds no
+    negotiation round: an operation not yet announced stays ``False`` until this rank waits for something.
 
     Raises:
         ValueError: ``handle`` is unknown or was already synchronized.
