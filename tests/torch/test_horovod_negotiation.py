@@ -179,3 +179,15 @@ def test_announcements_longer_than_a_slot_are_exchanged_whole():
     for summed, message in run_hvd(fn, SIZE):
         assert all(torch.equal(s, torch.full((k % 7 + 1, 2), 3.0 * k + 3)) for k, s in enumerate(summed))
         assert "mismatched shapes" in message
+
+
+def test_a_loop_on_poll_makes_progress():
+    def fn(rank, size):
+        handle = hvd.allreduce_async(torch.tensor([rank + 1.0]), name="polled", op=hvd.Sum)
+        first, polls = hvd.poll(handle), 1
+        if rank == 0:  # the others wait in synchronize; rank 0 only polls
+            while not hvd.poll(handle):
+                polls += 1
+        return first, polls > 1 or rank != 0, hvd.synchronize(handle).item()
+
+    assert run_hvd(fn, SIZE) == [(False, True, 6.0)] * SIZE

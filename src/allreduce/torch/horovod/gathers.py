@@ -113,8 +113,8 @@ class _Gathered:
     def __init__(self, ticket):
         self.ticket = ticket
 
-    def done(self) -> bool:
-        return self.ticket.done()
+    def poll(self) -> bool:
+        return self.ticket.poll()
 
     def wait(self) -> list:
         return [gathered for gathered, _ in self.ticket.wait()]

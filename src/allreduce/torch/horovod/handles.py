@@ -32,12 +32,12 @@ class Pending:
         return self.finish()
 
 
-_TABLE: dict[int, tuple] = {}  # handle -> (operation with done() and wait(), whether its result is a list of one)
+_TABLE: dict[int, tuple] = {}  # handle -> (operation with poll() and wait(), whether its result is a list of one)
 _NUMBERS = itertools.count(1)
 
 
 def register(operation, single: bool = False) -> int:
-    """A new handle for ``operation`` (anything with ``done()`` and ``wait()``); ``single``: its result is
+    """A new handle for ``operation`` (anything with ``poll()`` and ``wait()``); ``single``: its result is
     a list of one tensor, which ``synchronize`` returns alone."""
     handle = next(_NUMBERS)
     _TABLE[handle] = (operation, single)
@@ -45,15 +45,16 @@ def register(operation, single: bool = False) -> int:
 
 
 def poll(handle: int) -> bool:
-    """Whether the operation of ``handle`` has completed (``synchronize`` will not block). It holds no
-    negotiation round: an operation not yet announced stays ``False`` until this rank waits for something.
+    """Whether the operation of ``handle`` has completed (``synchronize`` will not block). Asked again
+    about an operation not yet started, it holds a negotiation round, which waits for the set's other
+    ranks to hold one (their next blocking Horovod call or ``poll``).
 
     Raises:
         ValueError: ``handle`` is unknown or was already synchronized.
     """
     if handle not in _TABLE:
         raise ValueError(f"unknown handle {handle!r}: it was never returned, or was already synchronized")
-    return _TABLE[handle][0].done()
+    return _TABLE[handle][0].poll()
 
 
 def synchronize(handle: int):

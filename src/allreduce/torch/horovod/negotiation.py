@@ -23,8 +23,8 @@ usable. This module does the same on the caller's thread:
   rank has announced it, with the rank that announced it last.
 
 Queued requests are announced in the next round *this* rank holds, so an ``*_async`` call starts its
-collectives at the next blocking Horovod call of its rank (and ``poll`` says ``False`` until then),
-after which they complete in the background. The price of a round is one all-gather of a 512-byte
+collectives at the next blocking Horovod call of its rank, or at its second ``poll`` (the first says
+``False`` at once), after which they complete in the background. The price of a round is one all-gather of a 512-byte
 slot per rank (the JSON text of the requests; a second all-gather when a text is longer) before each
 blocking call; the common case, one blocking call at a time, costs one round per call.
 """
@@ -68,9 +68,19 @@ class Ticket:
         self.pending: Pending | None = None
         self.error: Exception | None = None
         self.result = None  # what ``join`` returns
+        self.polled = False  # whether poll() was asked about it already
 
     def done(self) -> bool:
         return self.error is not None or (self.pending is not None and self.pending.done())
+
+    def poll(self) -> bool:
+        """:meth:`done`; asked again about a request not yet started, it holds a round first, so that a
+        loop on ``poll`` makes progress (each such round waits for every rank of the set to hold one)."""
+        if self.pending is None and self.error is None:
+            if self.polled:
+                self.negotiator.round(self)
+            self.polled = True
+        return self.done()
 
     def wait(self):
         """Hold rounds until the request has started (or was refused), then wait for its result.
