@@ -5,10 +5,11 @@ thing before it runs: a rank may have several operations in flight, ranks may is
 orders, and a mismatch (another dtype, shape, op or root) is refused on every rank while the set stays
 usable. This module does the same on the caller's thread:
 
-- A call builds a :class:`Request`: its kind, its name (``<kind>.noname.<n>`` when the caller gave
-  none, counted per kind from the last ``join``, so unnamed calls pair up in issue order), the fields every rank must agree on, and ``start``, which runs its
-  collectives. ``submit`` *queues* it and returns a :class:`Ticket` (the handle's object). A second
-  request with the name of one still queued is a ``ValueError`` at once, as in Horovod.
+- A call builds a :class:`Request`: its kind, its name (``<kind>.<name>``, or ``<kind>.noname.<n>``
+  when the caller gave none, counted per kind from the last ``join``, so unnamed calls pair up in
+  issue order), the fields every rank must agree on, and ``start``, which runs its collectives.
+  ``submit`` *queues* it and returns a :class:`Ticket` (the handle's object). A second request with
+  the name of one not yet started is a ``ValueError`` at once, as in Horovod.
 - A rank that must wait for a ticket (``synchronize``, a blocking call, ``join``) holds a *round*: one
   all-gather, over the set, of the requests each rank queued since its last round and the name it waits
   for. Every rank files what it receives into the same table, in the same order, so every rank takes the
@@ -24,9 +25,10 @@ usable. This module does the same on the caller's thread:
 
 Queued requests are announced in the next round *this* rank holds, so an ``*_async`` call starts its
 collectives at the next blocking Horovod call of its rank, or at its second ``poll`` (the first says
-``False`` at once), after which they complete in the background. The price of a round is one all-gather of a 512-byte
-slot per rank (the JSON text of the requests; a second all-gather when a text is longer) before each
-blocking call; the common case, one blocking call at a time, costs one round per call.
+``False`` at once), after which they complete in the background. The price of a round is one
+all-gather of a 512-byte slot per rank (the JSON text of the requests; a second all-gather when a
+text is longer) before each blocking call; the common case, one blocking call at a time, costs one
+round per call.
 """
 
 from __future__ import annotations
@@ -67,7 +69,6 @@ class Ticket:
         self.negotiator, self.request = negotiator, request
         self.pending: Pending | None = None
         self.error: Exception | None = None
-        self.result = None  # what ``join`` returns
         self.polled = False  # whether poll() was asked about it already
 
     def done(self) -> bool:
@@ -102,9 +103,8 @@ class Ticket:
 class Negotiator:
     """The negotiation of one process set's group (see the module docstring)."""
 
-    def __init__(self, group, joinable: bool):
+    def __init__(self, group):
         self.group = group
-        self.joinable = joinable  # the global set: join() is negotiated here
         self.queued: list[Ticket] = []  # this rank's tickets not yet announced
         self.mine: dict[str, Ticket] = {}  # this rank's tickets not yet started or refused, by name
         self.table: dict[str, dict[int, list]] = {}  # name -> {rank: [kind, agreed, serves]}, alike on all ranks
@@ -218,7 +218,6 @@ class Negotiator:
         if error is not None:
             ticket.error = error
         else:
-            ticket.result = result
             ticket.pending = Pending([], lambda: result)
 
     def _refuse_stuck(self, waits: list[str], number: int) -> None:
@@ -258,11 +257,11 @@ def _exchange(group, text: bytes) -> list[bytes]:
 _NEGOTIATORS: dict[int, Negotiator] = {}
 
 
-def negotiator_of(group, joinable: bool = False) -> Negotiator:
+def negotiator_of(group) -> Negotiator:
     """The negotiator of ``group`` (created at first use)."""
     found = _NEGOTIATORS.get(id(group))
     if found is None or found.group is not group:
-        found = _NEGOTIATORS[id(group)] = Negotiator(group, joinable)
+        found = _NEGOTIATORS[id(group)] = Negotiator(group)
     return found
 
 
