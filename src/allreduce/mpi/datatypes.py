@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..buffers import as_array, flat
+from ..dtypes import bfloat16
+from . import dlpack
+from .errorcodes import ERR_ARG, ERR_COUNT, ERR_TYPE, error as _error
 from ..uneven import displacements
 
 _DERIVED = ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
@@ -32,19 +35,52 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 
+class _Bottom:
+    """``MPI.BOTTOM``: address zero, the base of absolute addresses (here: a buffer of no elements)."""
+
+    def __repr__(self) -> str:
+        return "BOTTOM"
+
+
+BOTTOM = _Bottom()
+
+
+COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
+COMBINER_VECTOR, COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_HINDEXED = 3, 5, 6, 8
+COMBINER_INDEXED_BLOCK, COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_DARRAY = 9, 11, 12, 13
+COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER, COMBINER_RESIZED = 14, 15, 16, 17
+COMBINER_HINDEXED_BLOCK, COMBINER_VALUE_INDEX = 18, 0
+TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
+
+
 @dataclass(frozen=True, eq=False)
 class Datatype:
-    """An element type: a numpy dtype, repeated ``count`` times for a contiguous derived type."""
+    """An element type: a numpy dtype, repeated ``count`` times for a contiguous derived type.
 
-    dtype: np.dtype  # the basic element
+    Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL`` and
+    for those numpy cannot hold (``LONG_DOUBLE`` and its complex), which are ``DATATYPE_NULL``, as
+    in mpi4py on an MPI that lacks them.
+    """
+
+    dtype: np.dtype | None  # the basic element
     name: str  # MPI's name, e.g. MPI_DOUBLE
     count: int = 1  # basic elements in one element of this type
+    combiner: int = COMBINER_NAMED  # how the type was made
+    parent: "Datatype | None" = None  # what Dup or Create_contiguous made it of
+
+    def _basic(self) -> np.dtype:
+        if self.dtype is None:
+            raise _error_type(f"{self.name} has no elements (it is MPI.DATATYPE_NULL)")
+        return self.dtype
 
     @property
     def size(self) -> int:
-        return self.dtype.itemsize * self.count
+        return self._basic().itemsize * self.count
 
     extent = size
+    true_extent = size
+    lb = true_lb = property(lambda self: 0)
+    ub = property(lambda self: self.size)
 
     def Get_size(self) -> int:
         return self.size
@@ -52,18 +88,102 @@ class Datatype:
     def Get_extent(self) -> tuple[int, int]:
         return 0, self.size
 
+    Get_true_extent = Get_extent
+
     def Get_name(self) -> str:
         return self.name
 
+    def Set_name(self, name: str) -> None:
+        object.__setattr__(self, "name", str(name))
+
+    @property
+    def typestr(self) -> str:
+        """The numpy type string of one element (``""`` for DATATYPE_NULL)."""
+        if self.dtype is None:
+            return ""
+        return self.dtype.str if self.count == 1 else f"{self.count}{self.dtype.str}"
+
+    @property
+    def typechar(self) -> str:
+        return "" if self.dtype is None else self.dtype.char
+
+    @property
+    def is_named(self) -> bool:
+        return self.combiner == COMBINER_NAMED
+
+    is_predefined = is_named
+
+    def Get_envelope(self) -> tuple[int, int, int, int]:
+        """``(integers, addresses, datatypes, combiner)``: how many of each ``Get_contents`` returns."""
+        if self.combiner == COMBINER_CONTIGUOUS:
+            return 1, 0, 1, COMBINER_CONTIGUOUS
+        if self.combiner == COMBINER_DUP:
+            return 0, 0, 1, COMBINER_DUP
+        return 0, 0, 0, COMBINER_NAMED
+
+    @property
+    def envelope(self):
+        return self.Get_envelope()
+
+    @property
+    def combiner_name(self) -> int:
+        return self.combiner
+
+    def Get_contents(self):
+        """``(integers, addresses, datatypes)`` this type was made from."""
+        if self.combiner == COMBINER_NAMED:
+            raise _error(ERR_ARG, f"{self.name} is predefined: it has no contents")
+        if self.combiner == COMBINER_CONTIGUOUS:
+            return [self.count // self.parent.count], [], [self.parent]
+        return [], [], [self.parent]
+
+    @property
+    def contents(self):
+        return self.Get_contents()
+
+    def decode(self):
+        """``(self, "NAMED", {})`` for a predefined type, else ``(base, combiner name, its arguments)``."""
+        if self.combiner == COMBINER_NAMED:
+            return self, "NAMED", {}
+        if self.combiner == COMBINER_CONTIGUOUS:
+            return self.parent, "CONTIGUOUS", {"count": self.count // self.parent.count}
+        return self.parent, "DUP", {}
+
+    def Dup(self) -> "Datatype":
+        """A new handle of the same type (equal in every respect but identity)."""
+        self._basic()
+        return Datatype(self.dtype, self.name, self.count, COMBINER_DUP, self)
+
     def Create_contiguous(self, count: int) -> "Datatype":
         """``count`` elements of this type back to back, as one element."""
-        return Datatype(self.dtype, f"CONTIGUOUS({count}, {self.name})", self.count * int(count))
+        if int(count) < 0:
+            raise _error(ERR_COUNT, f"count must be >= 0, got {count}")
+        return Datatype(self._basic(), "", self.count * int(count), COMBINER_CONTIGUOUS, self)
 
     def Commit(self) -> "Datatype":
+        self._basic()
         return self
 
     def Free(self) -> None:
-        """Nothing to release: a datatype here is a plain value."""
+        """Nothing to release: a datatype here is a plain value (a predefined one cannot be freed)."""
+        if self.combiner == COMBINER_NAMED:
+            raise _error(ERR_TYPE, f"the predefined {self.name} cannot be freed")
+
+    def __bool__(self) -> bool:
+        return self.dtype is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        return self is other or (self.dtype is None and other.dtype is None)
+
+    def __hash__(self) -> int:
+        return id(self) if self.dtype is not None else 0
+
+    def __reduce__(self):
+        if self.combiner == COMBINER_NAMED and self.name in _NAMED:
+            return _named, (self.name,)
+        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.parent)
 
     def __getattr__(self, name: str):
         if name in _DERIVED:
@@ -75,10 +195,24 @@ class Datatype:
         return f"<Datatype {self.name}>"
 
 
+def _error_type(message: str):
+    return _error(ERR_TYPE, message)
+
+
+_NAMED: dict[str, Datatype] = {}
+
+
+def _named(name: str) -> Datatype:
+    return _NAMED[name]
+
+
 def _predefined(name: str, dtype) -> Datatype:
-    return Datatype(np.dtype(dtype), f"MPI_{name}")
+    made = Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}")
+    _NAMED[made.name] = made
+    return made
 
 
+DATATYPE_NULL = _predefined("DATATYPE_NULL", None)
 BYTE = _predefined("BYTE", np.uint8)
 CHAR = _predefined("CHAR", np.int8)
 SIGNED_CHAR = _predefined("SIGNED_CHAR", np.int8)
@@ -108,6 +242,36 @@ C_DOUBLE_COMPLEX = _predefined("C_DOUBLE_COMPLEX", np.complex128)
 COMPLEX = _predefined("COMPLEX", np.complex64)
 DOUBLE_COMPLEX = _predefined("DOUBLE_COMPLEX", np.complex128)
 
+UNSIGNED_INT = UNSIGNED
+WCHAR = _predefined("WCHAR", np.int32)
+PACKED = _predefined("PACKED", np.uint8)
+AINT = _predefined("AINT", np.intp)
+OFFSET = _predefined("OFFSET", np.int64)
+COUNT = _predefined("COUNT", np.int64)
+FLOAT16_T = _predefined("FLOAT16_T", np.float16)
+FLOAT32_T = _predefined("FLOAT32_T", np.float32)
+FLOAT64_T = _predefined("FLOAT64_T", np.float64)
+C_COMPLEX = C_FLOAT_COMPLEX
+CXX_BOOL = _predefined("CXX_BOOL", np.bool_)
+CXX_FLOAT_COMPLEX = _predefined("CXX_FLOAT_COMPLEX", np.complex64)
+CXX_DOUBLE_COMPLEX = _predefined("CXX_DOUBLE_COMPLEX", np.complex128)
+CHARACTER = _predefined("CHARACTER", np.int8)
+LOGICAL = _predefined("LOGICAL", np.int32)
+INTEGER = _predefined("INTEGER", np.int32)
+REAL = _predefined("REAL", np.float32)
+DOUBLE_PRECISION = _predefined("DOUBLE_PRECISION", np.float64)
+LOGICAL1, LOGICAL2, LOGICAL4, LOGICAL8 = (_predefined(f"LOGICAL{n}", f"i{n}") for n in (1, 2, 4, 8))
+INTEGER1, INTEGER2, INTEGER4, INTEGER8 = (_predefined(f"INTEGER{n}", f"i{n}") for n in (1, 2, 4, 8))
+REAL2, REAL4, REAL8 = (_predefined(f"REAL{n}", f"f{n}") for n in (2, 4, 8))
+COMPLEX8, COMPLEX16 = (_predefined(f"COMPLEX{n}", f"c{n}") for n in (8, 16))
+BFLOAT16_T = _predefined("BFLOAT16_T", bfloat16)
+# numpy holds none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
+LONG_DOUBLE = C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = CXX_LONG_DOUBLE_COMPLEX = DATATYPE_NULL
+REAL16 = COMPLEX4 = COMPLEX32 = INTEGER16 = LOGICAL16 = DATATYPE_NULL
+# the MAXLOC/MINLOC pairs: not offered (reductions of pairs are not supported)
+SHORT_INT = INT_INT = TWOINT = LONG_INT = FLOAT_INT = DOUBLE_INT = LONG_DOUBLE_INT = DATATYPE_NULL
+UB = LB = DATATYPE_NULL
+
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
 for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNSIGNED_LONG, FLOAT, DOUBLE,
               C_BOOL, C_FLOAT_COMPLEX, C_DOUBLE_COMPLEX):  # the one a bare array of each dtype stands for
@@ -121,12 +285,14 @@ def datatype_of(dtype) -> Datatype:
 
 
 def simple(spec, what: str, writable: bool) -> np.ndarray:
-    """The elements a buffer argument names, as a flat view of its basic dtype.
+    """The elements a buffer argument names, as a flat view of its basic dtype (``None``: no elements).
 
     Raises:
         ValueError: a count or displacement beyond the data, or a malformed argument.
         TypeError: data that is not a contiguous buffer of a dtype collectives carry.
     """
+    if spec is None or spec is BOTTOM:
+        return np.empty(0, np.uint8)
     data, count, datatype = _parts(spec, what)
     displ = 0
     if isinstance(count, (tuple, list)):
@@ -137,6 +303,33 @@ def simple(spec, what: str, writable: bool) -> np.ndarray:
     if displ < 0 or count < 0 or displ + count > available:
         raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
     return elements[displ * per:(displ + count) * per]
+
+
+def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
+    """The elements of a buffer argument that holds one block per rank: an explicit count is the
+    count of one block (as in MPI, where ``recvcount`` of a gather is per rank); without one the
+    data splits into ``size`` equal blocks.
+
+    Raises:
+        ValueError: data that does not split into ``size`` equal blocks, or blocks beyond the data.
+    """
+    if spec is None or spec is BOTTOM:
+        return np.empty(0, np.uint8)
+    data, count, datatype = _parts(spec, what)
+    displ = 0
+    if isinstance(count, (tuple, list)):
+        count, displ = count
+    elements, per = _elements(data, datatype, what, writable)
+    available = elements.size // per
+    if count is None:
+        if (available - displ) % size:
+            raise ValueError(f"{what}: {available - displ} elements do not split into {size} equal blocks")
+        count = (available - displ) // size
+    count = int(count)
+    if displ < 0 or count < 0 or displ + count * size > available:
+        raise ValueError(f"{what}: {size} blocks of {count} elements from {displ} do not fit in its {available} "
+                         "elements")
+    return elements[displ * per:(displ + count * size) * per]
 
 
 def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list[int], list[int]]:
@@ -157,6 +350,13 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
     if any(c < 0 or d < 0 or (d + c) * per > elements.size for c, d in zip(counts, displs)):
         raise ValueError(f"{what}: blocks (counts {counts}, displs {displs}) do not fit in its {elements.size // per} elements")
     return elements, [c * per for c in counts], [d * per for d in displs]
+
+
+def datatype_argument(spec, dtype) -> "Datatype":
+    """The datatype a buffer argument names, else the one of ``dtype``."""
+    if isinstance(spec, (list, tuple)) and spec and _is_datatype(spec[-1]):
+        return spec[-1] if isinstance(spec[-1], Datatype) else datatype_of(spec[-1])
+    return datatype_of(dtype)
 
 
 def _parts(spec, what: str) -> tuple:
@@ -190,9 +390,33 @@ def _is_datatype(x) -> bool:
     return isinstance(x, (Datatype, str))
 
 
+def array_of(data, what: str, writable: bool) -> np.ndarray:
+    """A numpy view of any buffer mpi4py takes: the buffer protocol, DLPack, ``__array_interface__``,
+    or ``__cuda_array_interface__`` over host memory (what an MPI without device support reads)."""
+    if isinstance(data, np.ndarray) or type(data).__module__.startswith("torch"):
+        return as_array(data, what, writable)
+    if hasattr(data, "mpi_view"):  # MPI.buffer, Alloc_mem's memory
+        data = data.mpi_view()
+    elif hasattr(data, "__dlpack__"):
+        data = dlpack.view(data)
+    elif hasattr(data, "__cuda_array_interface__") and not hasattr(data, "__array_interface__"):
+        data = np.asarray(_HostInterface(data.__cuda_array_interface__))
+    elif hasattr(data, "__array_interface__"):
+        data = np.asarray(data)
+    return as_array(data, what, writable)
+
+
+class _HostInterface:
+    """A CUDA array interface whose pointer is host memory, shown to numpy as an array interface."""
+
+    def __init__(self, interface: dict):
+        self.__array_interface__ = {"version": 3, "shape": tuple(interface["shape"]), "typestr": interface["typestr"],
+                                    "data": tuple(interface["data"]), "strides": interface.get("strides")}
+
+
 def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, int]:
     """The data as a flat array of the datatype's basic dtype, and how many make one element."""
-    arr = flat(as_array(data, what, writable))
+    arr = flat(array_of(data, what, writable))
     if datatype is None:
         return arr, 1
     if isinstance(datatype, str):
