@@ -13,7 +13,7 @@ from __future__ import annotations
 import pickle as _pickle
 
 from .. import api
-from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, finalize, init_world
+from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .datatypes import BOTTOM, IN_PLACE, Datatype
 from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
@@ -41,7 +41,6 @@ _UNSUPPORTED = {  # module attributes of MPI features this library does not offe
     "Graphcomm": "process topologies (MPI.Graphcomm)",
     "Distgraphcomm": "process topologies (MPI.Distgraphcomm)",
     "Topocomm": "process topologies (MPI.Topocomm)",
-    "Intercomm": "inter-communicators (MPI.Intercomm)",
     "Open_port": "dynamic process management (MPI.Open_port)",
     "Close_port": "dynamic process management (MPI.Close_port)",
     "Lookup_name": "dynamic process management (MPI.Lookup_name)",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import api, uneven
-from .datatypes import IN_PLACE, blocked, simple, vector
+from .datatypes import IN_PLACE, array_of, blocked, simple, vector
 from .errorcodes import ERR_ROOT, error
 from .requests import Request
 
@@ -192,11 +192,14 @@ class BufferCollectives:
 
 
 def _typed_blocks(spec, size: int, what: str, writable: bool) -> list[np.ndarray]:
-    """The blocks of an ``Alltoallw`` argument ``[data, (counts, displs), types]`` (displs in bytes)."""
-    from .datatypes import array_of
-    data, (counts, displs), types = spec
+    """The blocks of an ``Alltoallw`` argument ``[data, (counts, displs), types]`` or
+    ``[data, counts, displs, types]`` (displacements in bytes)."""
+    if len(spec) == 3:
+        data, (counts, displs), types = spec
+    else:
+        data, counts, displs, types = spec
     raw = array_of(data, what, writable).reshape(-1).view(np.uint8)
-    if isinstance(types, (list, tuple)) is False:
+    if not isinstance(types, (list, tuple)):
         types = [types] * size
     if not len(counts) == len(displs) == len(types) == size:
         raise ValueError(f"{what}: needs one count, displacement and type per rank ({size})")

@@ -123,9 +123,11 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
     group = property(Get_group)
 
     def Is_intra(self) -> bool:
+        self.process_group()
         return True
 
     def Is_inter(self) -> bool:
+        self.process_group()
         return False
 
     is_intra = property(Is_intra)
@@ -141,9 +143,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
     def Compare(self, comm: "Comm") -> int:
         """``IDENT`` (the same communicator), ``CONGRUENT`` (same ranks, same order), ``SIMILAR`` (same
         ranks) or ``UNEQUAL``; callable as ``MPI.Comm.Compare(a, b)`` too."""
+        mine, theirs = self.process_group().ranks, comm.process_group().ranks
         if self._handle is comm._handle:
             return IDENT
-        mine, theirs = self.process_group().ranks, comm.process_group().ranks
         if mine == theirs:
             return CONGRUENT
         return SIMILAR if set(mine) == set(theirs) else UNEQUAL
@@ -163,17 +165,15 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
         for name, predefined in (("COMM_NULL", COMM_NULL), ("COMM_WORLD", COMM_WORLD), ("COMM_SELF", COMM_SELF)):
             if self is predefined:
                 return _predefined, (name,)
+        for predefined in (COMM_WORLD, COMM_SELF):
+            if self._handle is predefined._handle:
+                return Comm, (predefined,)
         if self._handle.null:
             return Comm, ()
         raise ValueError(f"cannot pickle {self!r}: only the predefined communicators travel")
 
     def __repr__(self) -> str:
         return f"<allreduce.MPI.Comm {self.Get_name() or hex(id(self._handle))}>"
-
-    def __getattr__(self, name: str):
-        if name in _UNSUPPORTED:
-            raise NotImplementedError(f"Comm.{name}: {_UNSUPPORTED[name]} are not supported by allreduce.MPI")
-        raise AttributeError(f"allreduce.MPI.Comm has no attribute {name!r}")
 
     # ---- names, attributes, info, error handlers ------------------------------------------------
 
@@ -245,7 +245,7 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
         self.process_group()
         if not isinstance(errhandler, Errhandler) or not errhandler:
             raise error(ERR_ARG, f"not an error handler: {errhandler!r}")
-        self._handle.errhandler = errhandler
+        self._handle.errhandler = Errhandler(errhandler)
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Errors raise here: this raises ``MPI.Exception(errorcode)``."""
@@ -337,6 +337,33 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
     def Get_parent(cls) -> "Comm":
         """``COMM_NULL``: no process here was spawned by another."""
         return COMM_NULL
+
+
+def _refused(name: str, feature: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(f"Comm.{name}: {feature} are not supported by allreduce.MPI")
+    refused.__name__ = refused.__qualname__ = name
+    refused.__doc__ = f"Not supported: {feature} (raises NotImplementedError)."
+    return refused
+
+
+for _name, _feature in _UNSUPPORTED.items():  # mpi4py's names exist, and say what is missing when called
+    setattr(Comm, _name, _refused(_name, _feature))
+
+class Intercomm(Comm):
+    """Inter-communicators are not supported: ``Intercomm()`` is a null handle (``COMM_NULL``), and
+    making a real one (``Create_intercomm``) raises ``NotImplementedError``."""
+
+    def __init__(self, comm: Comm | None = None):
+        if comm is not None and not (isinstance(comm, Comm) and comm._handle.null):
+            raise NotImplementedError("inter-communicators (MPI.Intercomm) are not supported by allreduce.MPI")
+        super().__init__()
+
+    def Is_inter(self) -> bool:
+        return True
+
+    def Is_intra(self) -> bool:
+        return False
 
 
 _KEYVALS: set[int] = set()

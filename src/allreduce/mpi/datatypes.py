@@ -18,7 +18,7 @@ import numpy as np
 from ..buffers import as_array, flat
 from ..dtypes import bfloat16
 from . import dlpack
-from .errorcodes import ERR_ARG, ERR_COUNT, ERR_TYPE, error as _error
+from .errorcodes import ERR_ARG, ERR_COUNT, ERR_KEYVAL, ERR_TYPE, error as _error
 from ..uneven import displacements
 
 _DERIVED = ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
@@ -160,6 +160,35 @@ class Datatype:
             raise _error(ERR_COUNT, f"count must be >= 0, got {count}")
         return Datatype(self._basic(), "", self.count * int(count), COMBINER_CONTIGUOUS, self)
 
+    @classmethod
+    def fromcode(cls, code: str) -> "Datatype":
+        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
+
+        Raises:
+            ValueError: a typecode no datatype here stands for.
+        """
+        found = _BY_CODE.get(code)
+        if found is None or not found:
+            raise ValueError(f"cannot map typecode {code!r} to an MPI datatype")
+        return found
+
+    def tocode(self) -> str:
+        """The typecode of a predefined datatype (``MPI.DOUBLE.tocode() == "d"``).
+
+        Raises:
+            ValueError: a datatype with no typecode.
+        """
+        for code, datatype in _BY_CODE.items():
+            if datatype is self and len(code) == 1:
+                return code
+        if self.is_named and self.dtype is not None:
+            return self.dtype.char
+        raise ValueError(f"cannot map {self.name} to a typecode")
+
+    def Get_attr(self, keyval: int):
+        """Datatypes carry no attributes here: every key is unknown (``ERR_KEYVAL``)."""
+        raise _error(ERR_KEYVAL, f"{keyval} is not an attribute key of a datatype")
+
     def Commit(self) -> "Datatype":
         self._basic()
         return self
@@ -278,6 +307,17 @@ for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNS
     _BY_DTYPE.setdefault(_type.dtype, _type)
 
 
+_BY_CODE = {
+    "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG, "B": UNSIGNED_CHAR,
+    "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG, "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE,
+    "g": LONG_DOUBLE, "?": C_BOOL, "F": C_FLOAT_COMPLEX, "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX,
+    "e": FLOAT16_T, "p": AINT, "u": WCHAR,
+    "i1": INT8_T, "i2": INT16_T, "i4": INT32_T, "i8": INT64_T, "u1": UINT8_T, "u2": UINT16_T, "u4": UINT32_T,
+    "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
+    "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
+}
+
+
 def datatype_of(dtype) -> Datatype:
     """The predefined datatype of a numpy dtype (or a typecode such as ``"d"``), else an unnamed one."""
     dtype = np.dtype(dtype)
@@ -297,6 +337,7 @@ def simple(spec, what: str, writable: bool) -> np.ndarray:
     displ = 0
     if isinstance(count, (tuple, list)):
         count, displ = count
+    displ = 0 if displ is None else int(displ)
     elements, per = _elements(data, datatype, what, writable)
     available = elements.size // per
     count = available - displ if count is None else int(count)
@@ -319,6 +360,7 @@ def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
     displ = 0
     if isinstance(count, (tuple, list)):
         count, displ = count
+    displ = 0 if displ is None else int(displ)
     elements, per = _elements(data, datatype, what, writable)
     available = elements.size // per
     if count is None:
@@ -344,7 +386,11 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
     elif isinstance(counts, (int, np.integer)):
         counts = [int(counts)] * size
     counts = [int(c) for c in counts]
-    displs = displacements(counts) if displs is None else [int(d) for d in displs]
+    if displs is None:
+        displs = displacements(counts)
+    elif isinstance(displs, (int, np.integer)):
+        displs = [int(displs) * r for r in range(size)]  # one stride: block r starts at r * displs
+    displs = [int(d) for d in displs]
     if len(counts) != size or len(displs) != size:
         raise ValueError(f"{what}: needs one count and displacement per rank ({size}), got {len(counts)} and {len(displs)}")
     if any(c < 0 or d < 0 or (d + c) * per > elements.size for c, d in zip(counts, displs)):
@@ -355,30 +401,46 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
 def datatype_argument(spec, dtype) -> "Datatype":
     """The datatype a buffer argument names, else the one of ``dtype``."""
     if isinstance(spec, (list, tuple)) and spec and _is_datatype(spec[-1]):
-        return spec[-1] if isinstance(spec[-1], Datatype) else datatype_of(spec[-1])
+        return spec[-1] if isinstance(spec[-1], Datatype) else Datatype.fromcode(spec[-1])
     return datatype_of(dtype)
 
 
 def _parts(spec, what: str) -> tuple:
-    """``(data, count, datatype)`` of a buffer argument; ``count`` may be ``(count, displ)`` or ``None``."""
+    """``(data, count, datatype)`` of a buffer argument; ``count`` may be ``(count, displ)`` or ``None``.
+
+    The forms are mpi4py's: ``[data]``, ``[data, datatype]``, ``[data, count]``, ``[data, (count,
+    displ)]``, ``[data, count or (count, displ), datatype]``, ``[data, count, displ, datatype]``;
+    ``None`` stands for what is not given.
+    """
     if not isinstance(spec, (list, tuple)):
         return spec, None, None
-    if not 1 <= len(spec) <= 3:
-        raise ValueError(f"{what}: a buffer argument is [data], [data, datatype] or [data, count, datatype], "
-                         f"got {len(spec)} items")
     data, *rest = spec
-    datatype = rest.pop() if rest and _is_datatype(rest[-1]) else None
-    return data, (rest[0] if rest else None), datatype
+    if len(rest) == 1 and _is_datatype(rest[0]):
+        return data, None, rest[0]
+    if len(rest) <= 1:
+        return data, (rest[0] if rest else None), None
+    if len(rest) == 2 and (rest[1] is None or _is_datatype(rest[1])):
+        return data, rest[0], rest[1]
+    if len(rest) == 3 and (rest[2] is None or _is_datatype(rest[2])):
+        return data, (rest[0], rest[1]), rest[2]
+    raise ValueError(f"{what}: a buffer argument is [data, count, displ, datatype] or shorter, got {len(spec)} "
+                     f"items")
 
 
 def _vector_parts(spec, what: str) -> tuple:
-    """``(data, counts, displs, datatype)`` of a vector buffer argument, ``None`` where not given."""
+    """``(data, counts, displs, datatype)`` of a vector buffer argument, ``None`` where not given.
+
+    As in mpi4py, a tuple where the counts go is ``(counts, displs)``; a list is the counts.
+    """
     if not isinstance(spec, (list, tuple)):
         return spec, None, None, None
     data, *rest = spec
-    datatype = rest.pop() if rest and _is_datatype(rest[-1]) else None
-    if len(rest) == 1 and isinstance(rest[0], (tuple, list)) and len(rest[0]) == 2 \
-            and not isinstance(rest[0][0], (int, np.integer)):
+    datatype = None
+    if rest and (_is_datatype(rest[-1]) or (rest[-1] is None and len(rest) in (2, 3))):
+        datatype = rest.pop()
+    if len(rest) == 1 and isinstance(rest[0], tuple):
+        if len(rest[0]) != 2:
+            raise ValueError(f"{what}: (counts, displs) must be a pair, got {rest[0]!r}")
         rest = list(rest[0])  # [data, (counts, displs), ...]
     if len(rest) > 2:
         raise ValueError(f"{what}: a vector buffer argument is [data, counts, displs, datatype] or shorter, got {len(spec)} items")
@@ -400,10 +462,15 @@ def array_of(data, what: str, writable: bool) -> np.ndarray:
     elif hasattr(data, "__dlpack__"):
         data = dlpack.view(data)
     elif hasattr(data, "__cuda_array_interface__") and not hasattr(data, "__array_interface__"):
+        if type(data).__module__.split(".")[0] in _DEVICE_LIBRARIES:
+            raise TypeError(f"{what} is in GPU memory ({type(data).__module__}); pass a host array")
         data = np.asarray(_HostInterface(data.__cuda_array_interface__))
     elif hasattr(data, "__array_interface__"):
         data = np.asarray(data)
     return as_array(data, what, writable)
+
+
+_DEVICE_LIBRARIES = ("cupy", "numba", "torch", "jax", "pycuda")  # their CUDA interface points at device memory
 
 
 class _HostInterface:
@@ -420,9 +487,10 @@ def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, in
     if datatype is None:
         return arr, 1
     if isinstance(datatype, str):
-        datatype = datatype_of(datatype)
-    if arr.dtype != datatype.dtype:
-        if arr.nbytes % datatype.dtype.itemsize:
+        datatype = Datatype.fromcode(datatype)
+    basic = datatype._basic()
+    if arr.dtype != basic:
+        if arr.nbytes % basic.itemsize:
             raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
-        arr = arr.view(np.uint8).view(datatype.dtype)
+        arr = arr.view(np.uint8).view(basic)
     return arr, datatype.count

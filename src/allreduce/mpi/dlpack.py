@@ -59,6 +59,9 @@ def view(obj) -> np.ndarray:
     Raises:
         TypeError: not in host memory, strided, or of a type numpy does not hold.
     """
+    device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else _CPU
+    if device not in (_CPU, _CUDA_HOST):
+        raise TypeError(f"DLPack array on device type {device}; pass one in host memory")
     try:
         capsule = obj.__dlpack__(max_version=(1, 0))
     except TypeError:

@@ -67,14 +67,16 @@ class Group:
             return Group, ()
         if self._handle is GROUP_EMPTY._handle:
             return Group, (GROUP_EMPTY,)
-        return Group.of, (self._handle.members, self._handle.me)
+        raise ValueError(f"cannot pickle {self!r}: only the predefined groups travel")
 
     def Dup(self) -> "Group":
         return Group.of(self._members(), self._handle.me)
 
     def Free(self) -> None:
+        """This handle becomes ``GROUP_NULL`` (the predefined ``GROUP_EMPTY`` stays what it is)."""
         self._members()
-        self._handle = _NULL
+        if self is not GROUP_EMPTY:
+            self._handle = _NULL
 
     def Compare(self, group: "Group") -> int:
         """``IDENT`` (same members, same order), ``SIMILAR`` (same members) or ``UNEQUAL``."""
@@ -101,10 +103,7 @@ class Group:
         return out
 
     def _picked(self, members) -> "Group":
-        members = list(members)
-        if not members:
-            return GROUP_EMPTY
-        return Group.of(members, self._handle.me)
+        return Group.of(list(members), self._handle.me)
 
     def Incl(self, ranks) -> "Group":
         mine = self._members()

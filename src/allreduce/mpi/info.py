@@ -7,7 +7,7 @@ what mpi4py installs by default and what it turns into exceptions, so setting it
 
 from __future__ import annotations
 
-from .errorcodes import ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error
+from .errorcodes import ERR_ERRHANDLER, ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error
 
 
 class Info:
@@ -46,7 +46,10 @@ class Info:
         return len(self._held())
 
     def Get_nthkey(self, n: int) -> str:
-        return list(self._held())[n]
+        keys = list(self._held())
+        if not 0 <= n < len(keys):
+            raise error(ERR_INFO_KEY, f"key number {n} of an info with {len(keys)} keys")
+        return keys[n]
 
     def Dup(self) -> "Info":
         return Info.Create(self._held())
@@ -133,11 +136,19 @@ class Errhandler:
         return hash(self.name)
 
     def Free(self) -> None:
-        """Predefined handlers stay; a freed handle is ``ERRHANDLER_NULL``."""
-        self.name = None
+        """This handle becomes ``ERRHANDLER_NULL`` (the predefined handlers stay what they are).
+
+        Raises:
+            MPI.Exception: ``ERR_ERRHANDLER`` for ``ERRHANDLER_NULL``.
+        """
+        if not self:
+            raise error(ERR_ERRHANDLER, "MPI.ERRHANDLER_NULL cannot be freed")
+        if all(self is not handler for handler in _PREDEFINED_HANDLERS.values()):
+            self.name = None
 
 
 ERRHANDLER_NULL = Errhandler()
 ERRORS_RETURN = Errhandler(name="ERRORS_RETURN")
 ERRORS_ARE_FATAL = Errhandler(name="ERRORS_ARE_FATAL")
 ERRORS_ABORT = Errhandler(name="ERRORS_ABORT")
+_PREDEFINED_HANDLERS = {h.name: h for h in (ERRORS_RETURN, ERRORS_ARE_FATAL, ERRORS_ABORT)}

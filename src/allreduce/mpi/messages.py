@@ -49,10 +49,11 @@ class PointToPoint:
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Send and receive at once: the receive is posted first, so a ring of them never deadlocks."""
-        receiving = self.Irecv(recvbuf, source, recvtag)
-        sending = self.Isend(sendbuf, dest, sendtag)
-        p2p.exchange(receiving, sending, status)
+        """Send and receive at once: the receive is posted first, so a ring of them never deadlocks.
+        Both buffers are checked before either is posted, so a bad one leaves nothing pending."""
+        outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                          status: Status | None = None) -> None:
@@ -60,14 +61,14 @@ class PointToPoint:
         target = simple(buf, "buf", True)
         outgoing = target.copy()
         receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
-        sending = p2p.send(*self._p2p(), outgoing, dest, sendtag)
-        p2p.exchange(receiving, sending, status)
+        p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
         """``Sendrecv`` started: the request completes when both halves have."""
-        receiving = self.Irecv(recvbuf, source, recvtag)
-        return _Both(receiving, self.Isend(sendbuf, dest, sendtag))
+        outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
         """A persistent send: each ``Start`` sends the buffer's contents at that time."""
@@ -100,9 +101,9 @@ class PointToPoint:
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None):
+        payload = np.frombuffer(pickle.dumps(sendobj, pickle.HIGHEST_PROTOCOL), np.uint8)
         receiving = self.irecv(recvbuf, source, recvtag)
-        sending = self.isend(sendobj, dest, sendtag)
-        return p2p.exchange(receiving, sending, status)
+        return p2p.exchange(receiving, _sent(self, receiving, payload, dest, sendtag), status)
 
     # ---- probes ----------------------------------------------------------------------------------
 
@@ -138,6 +139,16 @@ class PointToPoint:
 
     mprobe = Mprobe
     improbe = Improbe
+
+
+def _sent(comm, receiving: Request, payload: np.ndarray, dest: int, tag: int) -> Request:
+    """The send half of a send-receive whose receive is posted: if the send cannot start (a bad
+    ``dest`` or tag), the receive is withdrawn too, so no later message is taken by it."""
+    try:
+        return p2p.send(*comm._p2p(), payload, dest, tag)
+    except BaseException as exc:
+        receiving.interrupted(exc)
+        raise
 
 
 class _Both(Request):

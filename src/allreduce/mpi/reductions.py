@@ -68,15 +68,20 @@ class Op:
             return NotImplemented
         if not self and not other:
             return True
-        return self.name == other.name and self.function is other.function and self.combine is other.combine
+        if self.function is not None or other.function is not None:  # user ops: the same one
+            return getattr(self, "_token", None) is getattr(other, "_token", None)
+        return self.name == other.name
 
     def __hash__(self) -> int:
         return hash(self.name)
 
     def __reduce__(self):
-        if self.name in _PREDEFINED:
-            return _predefined, (self.name,)
-        raise ValueError(f"cannot pickle the user-defined operation {self.name}")
+        """A predefined op unpickles as itself (another handle of it as a new handle); a user op as a new
+        user op of the same function."""
+        if self.function is not None:
+            return Op.Create, (self.function, self.commute)
+        predefined = _PREDEFINED[self.name]
+        return (_predefined, (self.name,)) if self is predefined else (Op, (predefined,))
 
     @property
     def is_predefined(self) -> bool:
@@ -99,11 +104,12 @@ class Op:
 
     def Free(self) -> None:
         """Release a user op (predefined ones stay); this handle becomes ``OP_NULL``."""
+        if self.function is None:
+            raise error(ERR_OP, f"MPI.{self.name} is predefined: it cannot be freed")
         token = getattr(self, "_token", None)
         if token is not None:
             _live_user_ops.discard(token)
-        if self.function is not None:
-            self.__dict__.update(Op().__dict__)
+        self.__dict__.update(Op().__dict__)
 
     def for_buffers(self) -> ReduceOp:
         """The ReduceOp that reduces buffers for this op.
@@ -154,7 +160,7 @@ def _loc(better):
             return u, i
         if better(v, u):
             return v, j
-        return u, min(i, j)
+        return (v, j) if j < i else (u, i)
     return combine
 
 

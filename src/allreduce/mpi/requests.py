@@ -197,11 +197,22 @@ class Request:
     get_status = Get_status
 
     def Cancel(self) -> None:
-        """Ask to cancel: operations here cannot be withdrawn once posted, so they complete as usual."""
+        """Ask to cancel: operations here cannot be withdrawn once posted, so they complete as usual.
+
+        Raises:
+            MPI.Exception: ``ERR_REQUEST`` for ``REQUEST_NULL``.
+        """
+        self._live("Cancel")
 
     def Free(self) -> None:
-        """Forget the request (its operation still completes)."""
+        """Forget the request (its operation still completes); it becomes ``REQUEST_NULL``."""
+        self._live("Free")
         self._active, self._work, self._finish = False, None, None
+
+    def _live(self, what: str) -> None:
+        if not self._active:
+            from .errorcodes import ERR_REQUEST, error
+            raise error(ERR_REQUEST, f"Request.{what} of MPI.REQUEST_NULL")
 
     # ---- arrays of requests --------------------------------------------------------------------
 
