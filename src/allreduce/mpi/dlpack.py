@@ -46,6 +46,8 @@ class _ManagedVersioned(ctypes.Structure):
 _CPU, _CUDA_HOST = 1, 3
 _KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}  # DLPack type codes: numpy kinds
 _READ_ONLY = 1
+_USED = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}  # kept alive: a
+# capsule keeps the pointer to its name, not a copy
 _api = ctypes.pythonapi
 _api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
@@ -77,7 +79,7 @@ def view(obj) -> np.ndarray:
         readonly = versioned and bool(managed.flags & _READ_ONLY)
         array = _described(tensor, readonly)
     finally:
-        _api.PyCapsule_SetName(capsule, b"used_" + name)
+        _api.PyCapsule_SetName(capsule, _USED[name])
         if managed.deleter:
             _Deleter(managed.deleter)(address)
     return array
