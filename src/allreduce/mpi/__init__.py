@@ -79,6 +79,8 @@ def Is_initialized() -> bool:
 def Get_address(location) -> int:
     """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
     from .datatypes import array_of
+    if location is None or location is BOTTOM:
+        return 0
     arr = array_of(location, "location", False)
     return int(arr.__array_interface__["data"][0])
 

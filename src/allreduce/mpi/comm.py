@@ -335,8 +335,8 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
 
     @classmethod
     def Get_parent(cls) -> "Comm":
-        """``COMM_NULL``: no process here was spawned by another."""
-        return COMM_NULL
+        """A null inter-communicator (equal to ``COMM_NULL``): no process here was spawned by another."""
+        return Intercomm()
 
 
 def _refused(name: str, feature: str):

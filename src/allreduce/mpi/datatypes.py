@@ -482,8 +482,9 @@ class _HostInterface:
 
 
 def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, int]:
-    """The data as a flat array of the datatype's basic dtype, and how many make one element."""
-    arr = flat(array_of(data, what, writable))
+    """The data as a flat array of the datatype's basic dtype, and how many make one element
+    (``None`` or ``BOTTOM`` as the data: no elements)."""
+    arr = np.empty(0, np.uint8) if data is None or data is BOTTOM else flat(array_of(data, what, writable))
     if datatype is None:
         return arr, 1
     if isinstance(datatype, str):

@@ -192,7 +192,7 @@ def Attach_buffer(buf) -> None:
     """Attach a buffer for buffered sends (one at a time, as MPI says)."""
     if _attached:
         raise error(ERR_BUFFER, "a buffer is already attached; Detach_buffer() it first")
-    _attached.append(buf if buf is None or isinstance(buf, buffer) else buffer(buf))
+    _attached.append(buf)
 
 
 def Detach_buffer():

@@ -154,16 +154,13 @@ def Add_error_string(errorcode: int, string: str) -> None:
     _strings[errorcode] = str(string)
 
 
-def _remove(errorcode: int) -> None:
-    if errorcode not in _user_classes:
-        raise Exception(ERR_ARG)
-    del _user_classes[errorcode], _strings[errorcode]
+def _mpi41(name: str):
+    def refused(errorcode: int) -> None:
+        raise NotImplementedError(f"MPI.{name} is MPI-4.1, which allreduce.MPI (MPI 3.1) does not offer")
+    refused.__name__ = name
+    refused.__doc__ = "Not supported (MPI-4.1): raises NotImplementedError."
+    return refused
 
 
-Remove_error_class = Remove_error_code = _remove
-
-
-def Remove_error_string(errorcode: int) -> None:
-    if errorcode not in _user_classes:
-        raise Exception(ERR_ARG)
-    _strings[errorcode] = ""
+Remove_error_class, Remove_error_code, Remove_error_string = (
+    _mpi41(name) for name in ("Remove_error_class", "Remove_error_code", "Remove_error_string"))

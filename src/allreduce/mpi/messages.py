@@ -63,6 +63,14 @@ class PointToPoint:
         receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
         p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        """``Sendrecv_replace`` started: the outgoing bytes are copied first."""
+        target = simple(buf, "buf", True)
+        outgoing = target.copy()  # before the receive may write into it
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
+
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
         """``Sendrecv`` started: the request completes when both halves have."""

@@ -113,24 +113,28 @@ class Request:
     """
 
     def __init__(self, work=None, finish=None, envelope: tuple[int, int, int] | None = None, active: bool | None = None):
-        if isinstance(work, Request):  # Request(request): the same operation
-            self.__dict__.update(work.__dict__)
+        if isinstance(work, Request):  # Request(request): another handle of the same operation
+            self.__dict__ = work.__dict__
             return
         self._work, self._finish = work, finish
         self._active = (work is not None or finish is not None or envelope is not None) if active is None else active
         self._value = None
         self._envelope = envelope  # (source, tag, nbytes) of a received message, once known
 
+    def null(self) -> bool:
+        """Whether this is ``REQUEST_NULL``: a completed (or freed) request."""
+        return not self._active
+
     def __bool__(self) -> bool:
-        return self._active
+        return not self.null()
 
     def __eq__(self, other) -> bool:
         if isinstance(other, Request):
-            return self is other or (not self._active and not other._active)
+            return self.__dict__ is other.__dict__ or (self.null() and other.null())
         return NotImplemented
 
     def __hash__(self) -> int:
-        return id(self) if self._active else 0
+        return 0 if self.null() else id(self.__dict__)
 
     def _complete(self, block: bool, status: Status | None, blocking: bool = False) -> bool:
         """Complete the operation if ``block`` or it is done; ``False`` if not yet."""
@@ -349,10 +353,25 @@ class Prequest(Request):
     """A persistent request: ``Start`` begins its operation again, ``Wait`` completes that round."""
 
     def __init__(self, start=None):
+        if isinstance(start, Prequest):  # Prequest(request): another handle of it
+            self.__dict__ = start.__dict__
+            return
         super().__init__(active=False)
-        self._start = start  # () -> Request of one round
+        self._start = start  # () -> Request of one round; None once freed
+
+    def null(self) -> bool:
+        """A persistent request stays a request between rounds, until freed."""
+        return self._start is None
+
+    def Free(self) -> None:
+        if self._start is None:
+            super().Free()
+        self._active, self._work, self._finish, self._start = False, None, None, None
 
     def Start(self) -> None:
+        if self._start is None:
+            from .errorcodes import ERR_REQUEST, error
+            raise error(ERR_REQUEST, "Prequest.Start of a freed request")
         started = self._start()
         self._work, self._finish, self._envelope, self._active = started._work, started._finish, started._envelope, True
 
