@@ -22,7 +22,8 @@ from .errorcodes import ERR_ARG, ERR_COUNT, ERR_KEYVAL, ERR_TYPE, error as _erro
 from ..uneven import displacements
 
 _DERIVED = ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
-            "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized")
+            "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized",
+            "Create_f90_integer", "Create_f90_real", "Create_f90_complex", "Create_value_index")
 
 
 class _InPlace:
@@ -80,7 +81,7 @@ class Datatype:
     extent = size
     true_extent = size
     lb = true_lb = property(lambda self: 0)
-    ub = property(lambda self: self.size)
+    ub = true_ub = property(lambda self: self.size)
 
     def Get_size(self) -> int:
         return self.size
@@ -113,29 +114,28 @@ class Datatype:
 
     is_predefined = is_named
 
-    def Get_envelope(self) -> tuple[int, int, int, int]:
-        """``(integers, addresses, datatypes, combiner)``: how many of each ``Get_contents`` returns."""
-        if self.combiner == COMBINER_CONTIGUOUS:
-            return 1, 0, 1, COMBINER_CONTIGUOUS
-        if self.combiner == COMBINER_DUP:
-            return 0, 0, 1, COMBINER_DUP
-        return 0, 0, 0, COMBINER_NAMED
+    def Get_envelope(self) -> tuple[int, int, int, int, int]:
+        """``(integers, addresses, large counts, datatypes, combiner)``: how many of each
+        ``Get_contents`` returns, and how the type was made."""
+        integers, addresses, counts, datatypes = (len(part) for part in self.Get_contents()) \
+            if self.combiner != COMBINER_NAMED else (0, 0, 0, 0)
+        return integers, addresses, counts, datatypes, self.combiner
 
     @property
     def envelope(self):
         return self.Get_envelope()
 
-    @property
-    def combiner_name(self) -> int:
-        return self.combiner
+    def Get_contents(self) -> tuple[list, list, list, list]:
+        """``(integers, addresses, large counts, datatypes)`` this type was made from.
 
-    def Get_contents(self):
-        """``(integers, addresses, datatypes)`` this type was made from."""
+        Raises:
+            MPI.Exception: ``ERR_ARG`` for a predefined type, which has no contents.
+        """
         if self.combiner == COMBINER_NAMED:
             raise _error(ERR_ARG, f"{self.name} is predefined: it has no contents")
         if self.combiner == COMBINER_CONTIGUOUS:
-            return [self.count // self.parent.count], [], [self.parent]
-        return [], [], [self.parent]
+            return [self.count // max(self.parent.count, 1) if self.parent.count else 0], [], [], [self.parent]
+        return [], [], [], [self.parent]
 
     @property
     def contents(self):
@@ -189,6 +189,29 @@ class Datatype:
         """Datatypes carry no attributes here: every key is unknown (``ERR_KEYVAL``)."""
         raise _error(ERR_KEYVAL, f"{keyval} is not an attribute key of a datatype")
 
+    @classmethod
+    def Match_size(cls, typeclass: int, size: int) -> "Datatype":
+        """The predefined type of ``typeclass`` (``TYPECLASS_INTEGER``...) that is ``size`` bytes.
+
+        Raises:
+            MPI.Exception: ``ERR_ARG`` where there is none.
+        """
+        found = _MATCHING.get((typeclass, int(size)))
+        if found is None or not found:
+            raise _error(ERR_ARG, f"no datatype of class {typeclass} is {size} bytes")
+        return found
+
+    @classmethod
+    def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":
+        """The pair type (value, index) MINLOC/MAXLOC reduce: ``DATATYPE_NULL``, as pairs are not offered.
+
+        Raises:
+            MPI.Exception: ``ERR_TYPE`` for ``DATATYPE_NULL`` arguments.
+        """
+        value._basic()
+        index._basic()
+        return DATATYPE_NULL
+
     def Commit(self) -> "Datatype":
         self._basic()
         return self
@@ -214,14 +237,21 @@ class Datatype:
             return _named, (self.name,)
         return Datatype, (self.dtype, self.name, self.count, self.combiner, self.parent)
 
-    def __getattr__(self, name: str):
-        if name in _DERIVED:
-            raise NotImplementedError(f"derived datatypes other than contiguous ({name}) are not supported by "
-                                      "allreduce.MPI; copy the data into a contiguous array")
-        raise AttributeError(name)
-
     def __repr__(self) -> str:
         return f"<Datatype {self.name}>"
+
+
+def _refused(name: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(f"derived datatypes other than contiguous ({name}) are not supported by "
+                                  "allreduce.MPI; copy the data into a contiguous array")
+    refused.__name__ = refused.__qualname__ = name
+    refused.__doc__ = f"Not supported: {name} (raises NotImplementedError)."
+    return refused
+
+
+for _name in _DERIVED:  # mpi4py's names exist, and say what is missing when called
+    setattr(Datatype, _name, _refused(_name))
 
 
 def _error_type(message: str):
@@ -315,6 +345,14 @@ _BY_CODE = {
     "i1": INT8_T, "i2": INT16_T, "i4": INT32_T, "i8": INT64_T, "u1": UINT8_T, "u2": UINT16_T, "u4": UINT32_T,
     "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
     "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
+}
+
+
+_MATCHING = {
+    **{(TYPECLASS_INTEGER, n): t for n, t in ((1, INTEGER1), (2, INTEGER2), (4, INTEGER4), (8, INTEGER8))},
+    **{(TYPECLASS_LOGICAL, n): t for n, t in ((1, LOGICAL1), (2, LOGICAL2), (4, LOGICAL4), (8, LOGICAL8))},
+    **{(TYPECLASS_REAL, n): t for n, t in ((2, REAL2), (4, REAL4), (8, REAL8))},
+    **{(TYPECLASS_COMPLEX, n): t for n, t in ((8, COMPLEX8), (16, COMPLEX16))},
 }
 
 
