@@ -11,6 +11,13 @@ import pytest
 from allreduce import MPI
 
 
+@pytest.fixture(autouse=True, scope="module")
+def world_of_one():
+    """This process joins a world of one on first use; leave it after, so later tests fork cleanly."""
+    yield
+    MPI.Finalize()
+
+
 def test_comm_handles_compare_as_mpi4pys():
     assert MPI.Comm() == MPI.COMM_NULL and MPI.Comm() is not MPI.COMM_NULL and not MPI.COMM_NULL
     world = MPI.Comm(MPI.COMM_WORLD)

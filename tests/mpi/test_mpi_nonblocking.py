@@ -121,11 +121,19 @@ def bad_root(rank, size):
             got.append(None)
         except MPI.Exception as exc:
             got.append(exc.Get_error_class())
+    refused = []
+    for call in (lambda: MPI.COMM_WORLD.Gatherv(np.zeros(1), [np.zeros(1), [5] * size] if rank == 0 else None),
+                 lambda: MPI.COMM_WORLD.Alltoallv([np.zeros(size), [1] * size], [np.zeros(size), [5 if rank == 0 else 1] * size])):
+        try:  # rank 0's counts do not fit its buffer: every rank raises, none waits
+            call()
+            refused.append(None)
+        except ValueError as exc:
+            refused.append("rank 0" in str(exc) or rank == 0)
     total = np.zeros(1)
     MPI.COMM_WORLD.Allreduce(np.ones(1), total)  # the group still works
-    return got, total.tolist()
+    return got, refused, total.tolist()
 
 
-def test_a_root_out_of_range_fails_on_every_rank_and_the_group_goes_on():
+def test_bad_arguments_on_one_rank_fail_on_every_rank_and_the_group_goes_on():
     from allreduce import MPI
-    assert run_ranks(bad_root, 2) == [([MPI.ERR_ROOT, MPI.ERR_ROOT], [2.0])] * 2
+    assert run_ranks(bad_root, 2) == [([MPI.ERR_ROOT, MPI.ERR_ROOT], [True, True], [2.0])] * 2

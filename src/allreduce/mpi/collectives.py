@@ -4,7 +4,9 @@ Each collective ``X`` is ``IX(...).Wait()``. The even ones (``Bcast``, ``Gather`
 ``Allgather``, ``Alltoall``, ``Barrier``) start the library's collective with ``async_op=True``: the
 request completes in the group's progress, in order with the group's other collectives. The
 v- and w-variants pad their blocks (:mod:`allreduce.uneven`), which starts with an all-reduce of
-the block sizes: their nonblocking forms run at once and return a completed request.
+the block sizes: their nonblocking forms run at once and return a completed request. Before
+that, one small all-reduce tells every rank whether any rank refused its arguments (counts that
+do not fit, a malformed buffer), so such an error raises on every rank and none is left waiting.
 
 ``MPI.IN_PLACE`` (or ``None`` as the send buffer) means what MPI says for each call: at the root of
 a gather its block of the receive buffer already holds its input, at the root of a scatter it keeps
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import api, uneven
+from ..ops import ReduceOp
 from .datatypes import IN_PLACE, array_of, blocked, simple, vector
 from .errorcodes import ERR_ROOT, error
 from .requests import Request
@@ -43,6 +46,24 @@ def split(buffer: np.ndarray, size: int) -> list[np.ndarray]:
         raise ValueError(f"a buffer of {buffer.size} elements does not split into {size} equal blocks")
     step = buffer.size // size
     return [buffer[r * step:(r + 1) * step] for r in range(size)]
+
+
+def agreed(g, what: str, prepare):
+    """``prepare()``'s value, once every rank of ``g`` has run its own ``prepare`` (its local checks of
+    its arguments) without error: one small all-reduce tells each rank whether any failed, so a bad
+    argument on one rank raises there and a ``ValueError`` naming it on the others, instead of
+    leaving them waiting in a collective that rank never enters."""
+    try:
+        value, error = prepare(), None
+    except (ValueError, TypeError) as exc:
+        value, error = None, exc
+    flag = np.array([-1 if error is None else g.rank], np.int64)
+    api.all_reduce(flag, ReduceOp.MAX, g)
+    if error is not None:
+        raise error
+    if flag[0] >= 0:
+        raise ValueError(f"{what}: rank {int(flag[0])} of this communicator refused its arguments; no data moved")
+    return value
 
 
 class BufferCollectives:
@@ -113,11 +134,14 @@ class BufferCollectives:
         g = self.process_group()
         root = check_root(root, g.size)
         if g.rank != root:
-            uneven.gather(g, simple(sendbuf, "sendbuf", False), root, None)
+            uneven.gather(g, agreed(g, "Gatherv", lambda: simple(sendbuf, "sendbuf", False)), root, None)
             return done()
-        recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-        own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
-        send = own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+
+        def prepare():
+            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
+            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
+            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        recv, counts, displs, send = agreed(g, "Gatherv", prepare)
         uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
         return done()
 
@@ -127,12 +151,16 @@ class BufferCollectives:
     def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
         g = self.process_group()
         root = check_root(root, g.size)
-        blocks, recv = None, None
-        if g.rank == root:
-            send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
-            blocks = [send[d:d + c] for c, d in zip(counts, displs)]
-        if not (in_place(recvbuf) and g.rank == root):
-            recv = simple(recvbuf, "recvbuf", True)
+
+        def prepare():
+            blocks, recv = None, None
+            if g.rank == root:
+                send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
+                blocks = [send[d:d + c] for c, d in zip(counts, displs)]
+            if not (in_place(recvbuf) and g.rank == root):
+                recv = simple(recvbuf, "recvbuf", True)
+            return blocks, recv
+        blocks, recv = agreed(g, "Scatterv", prepare)
         got = uneven.scatter(g, blocks, root, None if recv is None else recv.dtype)
         if recv is not None:
             if got.nbytes != recv.nbytes:
@@ -146,9 +174,12 @@ class BufferCollectives:
 
     def Iallgatherv(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-        recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-        own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
-        send = own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+
+        def prepare():
+            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
+            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
+            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        recv, counts, displs, send = agreed(g, "Allgatherv", prepare)
         uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
         return done()
 
@@ -157,12 +188,15 @@ class BufferCollectives:
 
     def Ialltoallv(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-        recv, recv_counts, recv_displs = vector(recvbuf, g.size, "recvbuf", True)
-        if in_place(sendbuf):
-            send, send_counts, send_displs = recv.copy(), recv_counts, recv_displs
-        else:
-            send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
-        blocks = [send[d:d + c] for c, d in zip(send_counts, send_displs)]
+
+        def prepare():
+            recv, recv_counts, recv_displs = vector(recvbuf, g.size, "recvbuf", True)
+            if in_place(sendbuf):
+                send, send_counts, send_displs = recv.copy(), recv_counts, recv_displs
+            else:
+                send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
+            return recv, recv_counts, recv_displs, [send[d:d + c] for c, d in zip(send_counts, send_displs)]
+        recv, recv_counts, recv_displs, blocks = agreed(g, "Alltoallv", prepare)
         uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
                           into=recv.dtype)
         return done()
@@ -174,11 +208,13 @@ class BufferCollectives:
         """Like ``Alltoallv`` with a datatype per block: ``[data, (counts, displs), types]``, displacements
         in bytes, as MPI's ``Alltoallw`` takes them."""
         g = self.process_group()
-        recv_blocks = _typed_blocks(recvbuf, g.size, "recvbuf", True)
-        if in_place(sendbuf):
-            send_blocks = [b.copy() for b in recv_blocks]
-        else:
-            send_blocks = _typed_blocks(sendbuf, g.size, "sendbuf", False)
+
+        def prepare():
+            recv_blocks = _typed_blocks(recvbuf, g.size, "recvbuf", True)
+            if in_place(sendbuf):
+                return recv_blocks, [b.copy() for b in recv_blocks]
+            return recv_blocks, _typed_blocks(sendbuf, g.size, "sendbuf", False)
+        recv_blocks, send_blocks = agreed(g, "Alltoallw", prepare)
         sent = [b.view(np.uint8) for b in send_blocks]
 
         def deliver(got):

@@ -365,6 +365,19 @@ class Intercomm(Comm):
     def Is_intra(self) -> bool:
         return False
 
+    def _refuse(self, name: str):
+        self.process_group()  # COMM_NULL: ERR_COMM, as for any communicator
+        raise NotImplementedError(f"Intercomm.{name}: inter-communicators are not supported by allreduce.MPI")
+
+    def Get_remote_group(self) -> Group:
+        self._refuse("Get_remote_group")
+
+    def Get_remote_size(self) -> int:
+        self._refuse("Get_remote_size")
+
+    def Merge(self, high: bool = False) -> Comm:
+        self._refuse("Merge")
+
 
 _KEYVALS: set[int] = set()
 
