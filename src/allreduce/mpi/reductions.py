@@ -141,6 +141,8 @@ class Op:
         source, target = simple(inbuf, "inbuf", False), simple(inoutbuf, "inoutbuf", True)
         if source.size != target.size:
             raise ValueError(f"mismatch in inbuf count {source.size} and inoutbuf count {target.size}")
+        if source.dtype != target.dtype:
+            raise ValueError(f"mismatch in inbuf datatype ({source.dtype}) and inoutbuf datatype ({target.dtype})")
         if self.native is None:
             np.copyto(target, self.fold([source, target], datatype_argument(inoutbuf, target.dtype)), casting="unsafe")
             return
