@@ -205,6 +205,14 @@ def test_buffers_mpi4py_takes_are_read_in_place():
     assert MPI.Get_address(source) == source.__array_interface__["data"][0]
 
 
+def test_sendrecv_replace_sends_what_the_buffer_held():
+    buf = np.arange(3, dtype=np.int32)
+    MPI.COMM_SELF.Isendrecv_replace([buf, MPI.INT], 0, 4, 0, 4).Wait()
+    assert buf.tolist() == [0, 1, 2]
+    MPI.COMM_SELF.Sendrecv_replace(buf, 0, 4, 0, 4)
+    assert buf.tolist() == [0, 1, 2]
+
+
 def test_a_bad_send_in_sendrecv_leaves_no_receive_posted():
     with pytest.raises(ValueError):
         MPI.COMM_SELF.Sendrecv(np.ones(2), dest=7, recvbuf=np.zeros(2), source=0)

@@ -71,6 +71,9 @@ def nonblocking(rank, size):
             for r in range(size):
                 expected[r * (count + 1):r * (count + 1) + count] = value(r, count)
             check("Igatherv stride", spread, expected)
+    ring = np.full(4, rank, np.int64)  # what goes out is what the buffer held, whenever the peer's arrives
+    comm.Isendrecv_replace(ring, (rank + 1) % size, 0, (rank - 1) % size, 0).Wait()
+    check("Isendrecv_replace", ring, np.full(4, (rank - 1) % size))
     comm.Free()
     return wrong
 

@@ -276,15 +276,8 @@ class Request:
 
     @staticmethod
     def Get_status_any(requests, status: Status | None = None) -> tuple[int, bool]:
-        active = [i for i, r in enumerate(requests) if r._active]
-        if not active:
-            if status is not None:
-                status.empty()
-            return UNDEFINED, True
-        for i in active:
-            if requests[i].Get_status(status):
-                return i, True
-        return UNDEFINED, False
+        """``Testany`` that leaves the request it finds done as it is."""
+        return _any(requests, status, block=False, settled=Request.Get_status)
 
     get_status_any = Get_status_any
 
@@ -333,8 +326,9 @@ def _statuses(statuses, count: int) -> list:
     return list(statuses) + [None] * (count - len(statuses))
 
 
-def _any(requests, status, block: bool) -> tuple[int, bool]:
-    """``(index, flag)`` of one completed request; ``(UNDEFINED, True)`` when none is active."""
+def _any(requests, status, block: bool, settled=Request.Test) -> tuple[int, bool]:
+    """``(index, flag)`` of one request that ``settled(request, status)`` finds done (``Test``
+    completes it); ``(UNDEFINED, True)`` when none is active."""
     while True:
         active = [i for i, r in enumerate(requests) if r._active]
         if not active:
@@ -342,7 +336,7 @@ def _any(requests, status, block: bool) -> tuple[int, bool]:
                 status.empty()
             return UNDEFINED, True
         for i in active:
-            if requests[i].Test(status):
+            if settled(requests[i], status):
                 return i, True
         if not block:
             return UNDEFINED, False
