@@ -208,6 +208,8 @@ class Request:
         """
         self._live("Cancel")
 
+    cancel = Cancel
+
     def Free(self) -> None:
         """Forget the request (its operation still completes); it becomes ``REQUEST_NULL``."""
         self._live("Free")
@@ -302,8 +304,12 @@ class Request:
         if not any(r._active for r in requests):
             return None
         done = [i for i, r in enumerate(requests) if r._active and (r._work is None or r._work.is_completed())]
+        filled = []
         for i in done:
-            requests[i].Wait(statuses[i] if statuses is not None and i < len(statuses) else None)
+            filled.append(Status() if statuses is not None else None)
+            requests[i].Wait(filled[-1])
+        if done and isinstance(statuses, list):  # as mpi4py: one status per completed request, in order
+            statuses[:] = filled
         return done
 
     @staticmethod
