@@ -318,6 +318,20 @@ class Request:
         return done, (None if done is None else [requests[i].wait() for i in done])
 
     @staticmethod
+    def Get_status_some(requests, statuses=None) -> list[int] | None:
+        """``Testsome`` that leaves the requests it finds done as they are."""
+        if not any(r._active for r in requests):
+            return None
+        done = [i for i, r in enumerate(requests) if r._active and Request.Get_status(r)]
+        if done and isinstance(statuses, list):
+            statuses[:] = [Status() for _ in done]
+            for i, status in zip(done, statuses):
+                requests[i].Get_status(status)
+        return done
+
+    get_status_some = Get_status_some
+
+    @staticmethod
     def Cancelall(requests) -> None:
         for request in requests:
             request.Cancel()
