@@ -98,11 +98,13 @@ class Pickle:
 
     def __init__(self, dumps=_pickle.dumps, loads=_pickle.loads, protocol: int | None = None):
         self._dumps, self._loads = dumps, loads
-        self.PROTOCOL = _pickle.HIGHEST_PROTOCOL if protocol is None else protocol
+        if protocol is None and dumps is _pickle.dumps:
+            protocol = _pickle.HIGHEST_PROTOCOL
+        self.PROTOCOL = protocol  # None: dumps(obj) is called without one, as for json or yaml
         self.THRESHOLD = 1024 ** 2 * 256
 
     def dumps(self, obj) -> bytes:
-        return self._dumps(obj, self.PROTOCOL)
+        return self._dumps(obj) if self.PROTOCOL is None else self._dumps(obj, self.PROTOCOL)
 
     def loads(self, data):
         return self._loads(data)
