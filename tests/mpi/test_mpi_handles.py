@@ -220,3 +220,21 @@ def test_a_bad_send_in_sendrecv_leaves_no_receive_posted():
     got = np.zeros(2)
     MPI.COMM_SELF.Recv(got, source=0, tag=9)  # taken by this receive, not by the withdrawn one
     assert got.tolist() == [3.0, 3.0]
+
+
+def test_a_probed_message_is_received_once_and_no_proc_stays():
+    MPI.COMM_SELF.Send(np.arange(3.0), dest=0, tag=8)
+    assert MPI.COMM_SELF.Improbe(0, 1) is None
+    message = MPI.Message.Probe(MPI.COMM_SELF, 0, 8, status := MPI.Status())
+    assert message and status.Get_count(MPI.DOUBLE) == 3
+    got = np.zeros(3)
+    message.Recv(got)
+    assert got.tolist() == [0.0, 1.0, 2.0] and message == MPI.MESSAGE_NULL
+    assert MPI.COMM_SELF.Mprobe(MPI.PROC_NULL) is MPI.MESSAGE_NO_PROC
+    copy = MPI.Message(MPI.MESSAGE_NO_PROC)
+    copy.Recv(None)
+    assert copy == MPI.MESSAGE_NULL and MPI.MESSAGE_NO_PROC  # the copy is consumed, the constant is not
+    assert pickle.loads(pickle.dumps(MPI.MESSAGE_NO_PROC)) is MPI.MESSAGE_NO_PROC
+    with pytest.raises(ValueError):
+        pickle.dumps(MPI.COMM_SELF.Isend(b"", 0, 0))
+    MPI.COMM_SELF.Recv(bytearray(0), 0, 0)

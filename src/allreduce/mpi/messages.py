@@ -181,7 +181,10 @@ class Message:
     ``Message()`` is ``MESSAGE_NULL``; a probe of ``PROC_NULL`` gives ``MESSAGE_NO_PROC``."""
 
     def __init__(self, message: "Message | None" = None):
-        self._comm, self._envelope = (message._comm, message._envelope) if isinstance(message, Message) else (None, None)
+        if isinstance(message, Message):
+            self._comm, self._envelope, self._no_proc = message._comm, message._envelope, message._no_proc
+        else:
+            self._comm, self._envelope, self._no_proc = None, None, False
 
     @classmethod
     def of(cls, comm, envelope: tuple[int, int, int]) -> "Message":
@@ -192,17 +195,30 @@ class Message:
         return made
 
     def __bool__(self) -> bool:
-        return self._envelope is not None
+        return self._envelope is not None or self._no_proc
+
+    def __reduce__(self):
+        for predefined in (MESSAGE_NULL, MESSAGE_NO_PROC):
+            if self is predefined:
+                return _predefined, (predefined._no_proc,)
+        if self._envelope is None:
+            return Message, (MESSAGE_NO_PROC if self._no_proc else MESSAGE_NULL,)
+        raise ValueError("cannot pickle a probed message: it can only be received where it was probed")
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Message) and (self is other or (self._envelope is None and other._envelope is None
-                                                                  and (self is MESSAGE_NO_PROC) == (other is MESSAGE_NO_PROC)))
+        if not isinstance(other, Message):
+            return NotImplemented
+        if self._envelope is not None or other._envelope is not None:
+            return self is other
+        return self._no_proc == other._no_proc
 
     __hash__ = object.__hash__
 
     def _take(self):
         """``(comm, source, tag)`` of the message, which is then consumed."""
-        if self is MESSAGE_NO_PROC:
+        if self._no_proc:
+            if self is not MESSAGE_NO_PROC:  # a copy is consumed, the constant stays
+                self._no_proc = False
             return None, PROC_NULL, ANY_TAG
         if self._envelope is None:
             raise ValueError("MPI.MESSAGE_NULL holds no message to receive")
@@ -235,9 +251,16 @@ class Message:
     def iprobe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
         return comm.Improbe(source, tag, status)
 
+    Probe, Iprobe = probe, iprobe
+
 
 MESSAGE_NULL = Message()
 MESSAGE_NO_PROC = Message()
+MESSAGE_NO_PROC._no_proc = True
+
+
+def _predefined(no_proc: bool) -> Message:
+    return MESSAGE_NO_PROC if no_proc else MESSAGE_NULL
 
 
 def _nothing(payload) -> None:

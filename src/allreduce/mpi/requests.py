@@ -121,6 +121,13 @@ class Request:
         self._value = None
         self._envelope = envelope  # (source, tag, nbytes) of a received message, once known
 
+    def __reduce__(self):
+        if self is REQUEST_NULL:
+            return _request_null, ()
+        if self.null():
+            return Request, ()
+        raise ValueError("cannot pickle a request in progress: it completes only where it was started")
+
     def null(self) -> bool:
         """Whether this is ``REQUEST_NULL``: a completed (or freed) request."""
         return not self._active
@@ -396,3 +403,7 @@ class Prequest(Request):
 
 
 REQUEST_NULL = Request()
+
+
+def _request_null() -> Request:
+    return REQUEST_NULL
