@@ -25,18 +25,13 @@ from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
+from .refused import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
 from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Prequest, Request, Status
 
 Intracomm = Comm
 SUCCESS = 0
 
 _UNSUPPORTED = {  # module attributes of MPI features this library does not offer
-    "Win": "one-sided communication (MPI.Win)",
-    "WIN_NULL": "one-sided communication (MPI.Win)",
-    "File": "MPI-IO (MPI.File)",
-    "FILE_NULL": "MPI-IO (MPI.File)",
-    "Session": "MPI-4 sessions (MPI.Session)",
-    "SESSION_NULL": "MPI-4 sessions (MPI.Session)",
     "Cartcomm": "process topologies (MPI.Cartcomm)",
     "Graphcomm": "process topologies (MPI.Graphcomm)",
     "Distgraphcomm": "process topologies (MPI.Distgraphcomm)",
