@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from allreduce import MPI
-from allreduce.mpi.datatypes import simple, vector
+from allreduce.mpi.bufferargs import simple, vector
 from support.paths import SRC
 
 COMM_METHODS = [

@@ -15,7 +15,8 @@ import pickle as _pickle
 from .. import api
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
-from .datatypes import BOTTOM, IN_PLACE, Datatype
+from .bufferargs import BOTTOM, IN_PLACE
+from .datatypes import Datatype
 from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
@@ -73,7 +74,7 @@ def Is_initialized() -> bool:
 
 def Get_address(location) -> int:
     """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
-    from .datatypes import array_of
+    from .bufferargs import array_of
     if location is None or location is BOTTOM:
         return 0
     arr = array_of(location, "location", False)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import ReduceOp
-from .datatypes import IN_PLACE, array_of, blocked, simple, vector
+from .bufferargs import IN_PLACE, array_of, blocked, simple, vector
 from .errorcodes import ERR_ROOT, error
 from .requests import Request
 

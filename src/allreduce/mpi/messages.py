@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import objects
 from . import p2p
-from .datatypes import simple
+from .bufferargs import simple
 from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
 

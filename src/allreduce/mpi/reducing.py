@@ -18,7 +18,7 @@ import numpy as np
 from .. import api, uneven
 from ..ops import check_op, kernel
 from .collectives import check_root, done, in_place, split
-from .datatypes import blocked, datatype_argument, simple
+from .bufferargs import blocked, datatype_argument, simple
 from .reductions import SUM, Op
 from .requests import Request
 

@@ -137,7 +137,7 @@ class Op:
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """Combine ``inbuf`` into ``inoutbuf`` on this process alone: ``inoutbuf = inbuf op inoutbuf``."""
-        from .datatypes import datatype_argument, simple
+        from .bufferargs import datatype_argument, simple
         source, target = simple(inbuf, "inbuf", False), simple(inoutbuf, "inoutbuf", True)
         if source.size != target.size:
             raise ValueError(f"mismatch in inbuf count {source.size} and inoutbuf count {target.size}")
