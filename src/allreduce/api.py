@@ -16,7 +16,7 @@ from .calls import (
 from .world import (
     BACKENDS, Group, NonMember, are_deterministic_algorithms_enabled, default_group, destroy_process_group,
     get_backend, get_local_rank, get_local_size, get_rank, get_topology, get_world_size, init_process_group,
-    is_available, is_initialized, new_group, resolve_group, split_group, use_deterministic_algorithms,
+    is_available, is_initialized, new_group, resolve_group, self_group, split_group, use_deterministic_algorithms,
 )
 
 __all__ = [
@@ -25,5 +25,5 @@ __all__ = [
     "broadcast", "default_group", "destroy_process_group", "gather", "get_backend", "get_local_rank",
     "get_local_size", "get_rank", "get_topology", "get_world_size", "init_process_group", "irecv", "is_available",
     "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-    "resolve_group", "scatter", "send", "split_group", "use_deterministic_algorithms",
+    "resolve_group", "scatter", "self_group", "send", "split_group", "use_deterministic_algorithms",
 ]

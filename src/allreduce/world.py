@@ -216,6 +216,17 @@ def resolve_group(group: Group = None) -> ProcessGroup:
     return group
 
 
+def self_group(timeout: Timeout = None) -> ProcessGroup:
+    """A group of this rank alone (MPI's ``COMM_SELF``), formed by this rank without any peer taking part.
+
+    Each call forms a new group; the default group's destruction closes it.
+    """
+    world = default_group()
+    _SELVES[world] = count = _SELVES.get(world, 0) + 1  # this rank's own count: no peer needs to agree
+    return _subgroup(f"self{world.rank}.{count}", 0, [world.rank], timeout, world.timeout)
+
+
+_SELVES: weakref.WeakKeyDictionary[ProcessGroup, int] = weakref.WeakKeyDictionary()  # world group -> selves formed
 _SPLITS: weakref.WeakKeyDictionary[ProcessGroup, int] = weakref.WeakKeyDictionary()  # parent group -> splits made of it
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from allreduce import MPI
-from allreduce.mpi.datatypes import simple, vector
+from allreduce.mpi.bufferargs import simple, vector
 from support.paths import SRC
 
 COMM_METHODS = [
@@ -69,11 +69,20 @@ def test_ops_combine_objects_as_mpi4py_does():
 
 
 def test_what_is_not_offered_raises_naming_the_feature():
-    for name, words in (("Win", "one-sided"), ("File", "MPI-IO"), ("COMM_SELF", "COMM_SELF")):
+    with pytest.raises(NotImplementedError, match="dynamic process"):
+        MPI.Open_port
+    for make, words in ((MPI.Win.Create, "one-sided"), (MPI.File.Open, "MPI-IO"), (MPI.Session.Init, "sessions")):
         with pytest.raises(NotImplementedError, match=words):
-            getattr(MPI, name)
+            make(MPI.COMM_SELF)
+    assert not MPI.WIN_NULL and MPI.Win() == MPI.WIN_NULL != MPI.FILE_NULL
+    with pytest.raises(MPI.Exception) as caught:
+        MPI.WIN_NULL.Free()
+    assert caught.value.Get_error_class() == MPI.ERR_WIN
+    with pytest.raises(NotImplementedError, match="inter-communicators"):
+        MPI.Intercomm(MPI.COMM_WORLD)
+    assert MPI.Intercomm() == MPI.COMM_NULL
     with pytest.raises(NotImplementedError, match="process topologies"):
-        MPI.COMM_WORLD.Create_cart
+        MPI.COMM_WORLD.Create_cart([2])
     with pytest.raises(NotImplementedError, match=r"derived datatypes other than contiguous \(Create_vector\)"):
         MPI.DOUBLE.Create_vector(2, 1, 2)
     with pytest.raises(NotImplementedError, match="MAXLOC on buffers"):
@@ -91,7 +100,8 @@ def test_buffer_arguments_are_views_in_mpi4pys_forms():
     assert simple([x, MPI.INT], "buf", False).size == 20  # the bytes, read as another type
     assert simple([x, 2, MPI.DOUBLE.Create_contiguous(3)], "buf", False).tolist() == [0, 1, 2, 3, 4, 5]
     assert vector([x, 3], 2, "buf", False)[1:] == ([3, 3], [0, 3])  # one count for every rank
-    assert vector([x, (2, 3)], 2, "buf", False)[1:] == ([2, 3], [0, 2])
+    assert vector([x, (2, 3)], 2, "buf", False)[1:] == ([2, 2], [0, 3])  # a tuple: (counts, displs)
+    assert vector([x, [2, 3]], 2, "buf", False)[1:] == ([2, 3], [0, 2])  # a list: the counts
     assert vector([x, [1, 4]], 2, "buf", False)[1:] == ([1, 4], [0, 1])
     assert vector([x, ([1, 4], [5, 0]), MPI.DOUBLE], 2, "buf", False)[1:] == ([1, 4], [5, 0])
     assert vector([x, [1, 2], [0, 8], MPI.DOUBLE], 2, "buf", False)[1:] == ([1, 2], [0, 8])

@@ -3,37 +3,46 @@
 The same script then runs under ``allreduce run -n 4 -- python script.py``, ``mpirun``/``mpiexec``
 (Open MPI, MPICH) and ``srun``, with no MPI installed: ``COMM_WORLD`` joins the library's default
 group on first use (see :mod:`.comm`). What MPI offers and this library has no counterpart for,
-one-sided communication, MPI-IO, process topologies, dynamic processes, derived datatypes other
-than contiguous, raises ``NotImplementedError`` naming the feature. See docs/mpi.md.
+one-sided communication, MPI-IO, process topologies, dynamic processes, inter-communicators,
+derived datatypes other than contiguous, raises ``NotImplementedError`` naming the feature. See
+docs/mpi.md.
 """
 
 from __future__ import annotations
 
-import socket
-import time
+import pickle as _pickle
 
 from .. import api
-from .comm import COMM_NULL, COMM_WORLD, UNDEFINED, Comm, finalize, init_world
-from .datatypes import (
-    BOOL, BYTE, C_BOOL, C_DOUBLE_COMPLEX, C_FLOAT_COMPLEX, CHAR, COMPLEX, DOUBLE, DOUBLE_COMPLEX, FLOAT, IN_PLACE,
-    INT, INT8_T, INT16_T, INT32_T, INT64_T, LONG, LONG_LONG, SHORT, SIGNED_CHAR, UINT8_T, UINT16_T, UINT32_T,
-    UINT64_T, UNSIGNED, UNSIGNED_CHAR, UNSIGNED_LONG, UNSIGNED_LONG_LONG, UNSIGNED_SHORT, Datatype,
+from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
+from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
+from .bufferargs import BOTTOM, IN_PLACE
+from .datatypes import Datatype
+from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
+from .errorcodes import *  # noqa: F401,F403 - the error classes
+from .errorcodes import NAMES as _ERROR_NAMES, Exception
+from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
+from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
+from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+from .reductions import (
+    BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
-from .reductions import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
+from .refused import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
+from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Prequest, Request, Status
 
 Intracomm = Comm
 SUCCESS = 0
 
 _UNSUPPORTED = {  # module attributes of MPI features this library does not offer
-    "Win": "one-sided communication (MPI.Win)",
-    "File": "MPI-IO (MPI.File)",
-    "COMM_SELF": "COMM_SELF (a communicator of one rank; use COMM_WORLD.Split(color=rank))",
     "Cartcomm": "process topologies (MPI.Cartcomm)",
     "Graphcomm": "process topologies (MPI.Graphcomm)",
-    "Intercomm": "inter-communicators (MPI.Intercomm)",
+    "Distgraphcomm": "process topologies (MPI.Distgraphcomm)",
+    "Topocomm": "process topologies (MPI.Topocomm)",
     "Open_port": "dynamic process management (MPI.Open_port)",
-    "Attach_buffer": "buffered sends (MPI.Attach_buffer)",
+    "Close_port": "dynamic process management (MPI.Close_port)",
+    "Lookup_name": "dynamic process management (MPI.Lookup_name)",
+    "Publish_name": "dynamic process management (MPI.Publish_name)",
+    "Grequest": "generalized requests (MPI.Grequest)",
+    "Get_hw_resource_info": "MPI-4.1 hardware resource information",
 }
 
 
@@ -48,6 +57,12 @@ def Init() -> None:
     init_world()
 
 
+def Init_thread(required: int = 3) -> int:
+    """:func:`Init`; every thread level is provided (``THREAD_MULTIPLE``)."""
+    init_world()
+    return 3
+
+
 def Finalize() -> None:
     """Leave the default group (done at exit anyway)."""
     finalize()
@@ -57,15 +72,38 @@ def Is_initialized() -> bool:
     return api.is_initialized()
 
 
-def Wtime() -> float:
-    """Seconds on a monotonic clock: for measuring intervals, like ``MPI_Wtime``."""
-    return time.perf_counter()
+def Get_address(location) -> int:
+    """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
+    from .bufferargs import array_of
+    if location is None or location is BOTTOM:
+        return 0
+    arr = array_of(location, "location", False)
+    return int(arr.__array_interface__["data"][0])
 
 
-def Wtick() -> float:
-    """The resolution of :func:`Wtime`, in seconds."""
-    return time.get_clock_info("perf_counter").resolution
+def Aint_add(base: int, disp: int) -> int:
+    return int(base) + int(disp)
 
 
-def Get_processor_name() -> str:
-    return socket.gethostname()
+def Aint_diff(addr1: int, addr2: int) -> int:
+    return int(addr1) - int(addr2)
+
+
+class Pickle:
+    """How the object methods serialize: ``dumps``/``loads`` (pickle, highest protocol), as mpi4py's."""
+
+    def __init__(self, dumps=_pickle.dumps, loads=_pickle.loads, protocol: int | None = None):
+        self._dumps, self._loads = dumps, loads
+        if protocol is None and dumps is _pickle.dumps:
+            protocol = _pickle.HIGHEST_PROTOCOL
+        self.PROTOCOL = protocol  # None: dumps(obj) is called without one, as for json or yaml
+        self.THRESHOLD = 1024 ** 2 * 256
+
+    def dumps(self, obj) -> bytes:
+        return self._dumps(obj) if self.PROTOCOL is None else self._dumps(obj, self.PROTOCOL)
+
+    def loads(self, data):
+        return self._loads(data)
+
+
+pickle = Pickle()

@@ -1,11 +1,17 @@
-"""mpi4py's upper-case collectives on buffers, as compositions of the library's collectives.
+"""mpi4py's upper-case collectives on buffers that move data without combining it, blocking and not.
 
-Even collectives map one to one (``Allreduce`` is ``all_reduce`` on the receive buffer); the
-v-variants and ``Reduce_scatter`` pad their blocks (:mod:`allreduce.uneven`); ``Scan`` and ``Exscan``,
-which the library lacks, all-gather the inputs and combine them in rank order on each rank, which
-holds ``size`` inputs in memory at once. ``MPI.IN_PLACE`` means what MPI says for each call: the
-receive buffer holds this rank's input (at the root, in its own block, or the whole input of a
-reduce-scatter).
+Each collective ``X`` is ``IX(...).Wait()``. The even ones (``Bcast``, ``Gather``, ``Scatter``,
+``Allgather``, ``Alltoall``, ``Barrier``) start the library's collective with ``async_op=True``: the
+request completes in the group's progress, in order with the group's other collectives. The
+v- and w-variants pad their blocks (:mod:`allreduce.uneven`), which starts with an all-reduce of
+the block sizes: their nonblocking forms run at once and return a completed request. Before
+that, one small all-reduce tells every rank whether any rank refused its arguments (counts that
+do not fit, a malformed buffer), so such an error raises on every rank and none is left waiting.
+
+``MPI.IN_PLACE`` (or ``None`` as the send buffer) means what MPI says for each call: at the root of
+a gather its block of the receive buffer already holds its input, at the root of a scatter it keeps
+its block where it is, in an all-gather and an all-to-all the receive buffer holds the input.
+A root out of range raises ``MPI.Exception(ERR_ROOT)`` on every rank, before anything is sent.
 """
 
 from __future__ import annotations
@@ -13,166 +19,28 @@ from __future__ import annotations
 import numpy as np
 
 from .. import api, uneven
-from ..ops import check_op, kernel
-from .datatypes import IN_PLACE, simple, vector
-from .reductions import SUM, Op
-from .p2p import Request
+from ..ops import ReduceOp
+from .bufferargs import IN_PLACE, array_of, blocked, simple, vector
+from .errorcodes import ERR_ROOT, error
+from .requests import Request
 
 
-class BufferCollectives:
-    """The buffer collectives of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
-
-    def Barrier(self) -> None:
-        api.barrier(self.process_group())
-
-    def Bcast(self, buf, root: int = 0) -> None:
-        api.broadcast(simple(buf, "buf", True), root, self.process_group())
-
-    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
-
-    def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
-        """Start an all-reduce; the result is in ``recvbuf`` once the request completes."""
-        recv = simple(recvbuf, "recvbuf", True)
-        g = self.process_group()
-        work, write_back = _in_place(op, _send(sendbuf, recv, copy=False), recv, g.size)
-        started = api.all_reduce(work, op.for_buffers(), g, async_op=True)
-        return Request(started, lambda: write_back and write_back())
-
-    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
-        g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True) if g.rank == root else None
-        work, write_back = _in_place(op, _send(sendbuf, recv, copy=False), recv, g.size)
-        api.reduce(work, root, op.for_buffers(), g)
-        if write_back:
-            write_back()
-
-    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
-        g = self.process_group()
-        if g.rank != root:
-            api.gather(simple(sendbuf, "sendbuf", False), None, root, g)
-            return
-        blocks = _blocks(simple(recvbuf, "recvbuf", True), g.size)
-        api.gather(_send(sendbuf, blocks[g.rank]), blocks, root, g)
-
-    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        g = self.process_group()
-        if g.rank != root:
-            uneven.gather(g, simple(sendbuf, "sendbuf", False), root, None)
-            return
-        recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-        send = _send(sendbuf, recv[displs[g.rank]:displs[g.rank] + counts[g.rank]])
-        uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
-
-    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
-        g = self.process_group()
-        if g.rank != root:
-            api.scatter(simple(recvbuf, "recvbuf", True), None, root, g)
-            return
-        blocks = _blocks(simple(sendbuf, "sendbuf", False), g.size)
-        recv = blocks[g.rank].copy() if recvbuf is IN_PLACE else simple(recvbuf, "recvbuf", True)
-        api.scatter(recv, blocks, root, g)
-
-    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        g = self.process_group()
-        blocks, recv = None, None
-        if g.rank == root:
-            send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
-            blocks = [send[d:d + c] for c, d in zip(counts, displs)]
-        if recvbuf is not IN_PLACE or g.rank != root:
-            recv = simple(recvbuf, "recvbuf", True)
-        got = uneven.scatter(g, blocks, root, None if recv is None else recv.dtype)
-        if recv is None:
-            return
-        if got.nbytes != recv.nbytes:
-            raise ValueError(f"root {root} sent {got.nbytes // recv.itemsize} elements; recvbuf holds {recv.size}")
-        recv[:] = got.view(recv.dtype)
-
-    def Allgather(self, sendbuf, recvbuf) -> None:
-        g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        api.all_gather_into_tensor(recv, _send(sendbuf, _blocks(recv, g.size)[g.rank]), g)
-
-    def Allgatherv(self, sendbuf, recvbuf) -> None:
-        g = self.process_group()
-        recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-        send = _send(sendbuf, recv[displs[g.rank]:displs[g.rank] + counts[g.rank]])
-        uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
-
-    def Alltoall(self, sendbuf, recvbuf) -> None:
-        recv = simple(recvbuf, "recvbuf", True)
-        api.all_to_all_single(recv, _send(sendbuf, recv), group=self.process_group())
-
-    def Alltoallv(self, sendbuf, recvbuf) -> None:
-        g = self.process_group()
-        recv, recv_counts, recv_displs = vector(recvbuf, g.size, "recvbuf", True)
-        if sendbuf is IN_PLACE:
-            send, send_counts, send_displs = recv.copy(), recv_counts, recv_displs
-        else:
-            send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
-        blocks = [send[d:d + c] for c, d in zip(send_counts, send_displs)]
-        uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
-                          into=recv.dtype)
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        self.Reduce_scatter(sendbuf, recvbuf, [recv.size // g.size if sendbuf is IN_PLACE else recv.size] * g.size, op)
-
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op: Op = SUM) -> None:
-        """Reduce ``sendbuf`` across ranks; rank r keeps ``recvcounts[r]`` elements of the result (from
-        the start of ``recvbuf``). Without ``recvcounts`` every rank keeps as many as its ``recvbuf`` holds."""
-        g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        counts = [int(c) for c in recvcounts] if recvcounts is not None else [recv.size] * g.size
-        send = recv.copy() if sendbuf is IN_PLACE else simple(sendbuf, "sendbuf", False)
-        if len(counts) != g.size or send.size != sum(counts):
-            raise ValueError(f"sendbuf has {send.size} elements; recvcounts {counts} need one count per rank "
-                             f"({g.size}) summing to it")
-        block = max(counts, default=0)
-        operand = _operand(op, send, g.size)
-        padded = np.zeros(g.size * block, operand.dtype)
-        for r, (count, start) in enumerate(zip(counts, uneven.displacements(counts))):
-            padded[r * block:r * block + count] = operand[start:start + count]
-        result = np.empty(block, padded.dtype)
-        api.reduce_scatter_tensor(result, padded, op.for_buffers(), g)
-        np.copyto(recv[:counts[g.rank]], result[:counts[g.rank]], casting="unsafe")
-
-    def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        self._prefix(sendbuf, recvbuf, op, inclusive=True)
-
-    def Exscan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        """Like ``Scan`` without this rank's own input; ``recvbuf`` of rank 0 is left as it was."""
-        self._prefix(sendbuf, recvbuf, op, inclusive=False)
-
-    def _prefix(self, sendbuf, recvbuf, op: Op, inclusive: bool) -> None:
-        g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        mine = _send(sendbuf, recv, copy=False)
-        dtype = _operand(op, mine, 2).dtype
-        combine = kernel(check_op(op.for_buffers(), dtype), dtype)
-        everyone = np.empty(g.size * mine.size, mine.dtype)
-        api.all_gather_into_tensor(everyone, mine, g)
-        rows = everyone.reshape(g.size, mine.size)[:g.rank + inclusive]
-        if len(rows) == 0:
-            return
-        total = rows[0]
-        for row in rows[1:]:
-            total = combine(_operand(op, total, 2), _operand(op, row, 2))
-        np.copyto(recv, total, casting="unsafe")
+def done() -> Request:
+    """The request of an operation that has completed already."""
+    return Request(active=True)
 
 
-def _send(sendbuf, own: np.ndarray | None, copy: bool = True) -> np.ndarray:
-    """The send buffer's elements, or with ``IN_PLACE`` ``own``, where the input lies: a copy, unless
-    the caller reads it before anything writes the receive buffer."""
-    if sendbuf is IN_PLACE:
-        if own is None:
-            raise ValueError("MPI.IN_PLACE is only valid where this rank also receives (at the root)")
-        return own.copy() if copy else own
-    return simple(sendbuf, "sendbuf", False)
+def in_place(sendbuf) -> bool:
+    return sendbuf is IN_PLACE or sendbuf is None
 
 
-def _blocks(buffer: np.ndarray, size: int) -> list[np.ndarray]:
+def check_root(root, size: int) -> int:
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise error(ERR_ROOT, f"root={root!r} is not a rank of this communicator (0..{size - 1})")
+    return int(root)
+
+
+def split(buffer: np.ndarray, size: int) -> list[np.ndarray]:
     """``buffer`` cut into ``size`` equal blocks."""
     if buffer.size % size:
         raise ValueError(f"a buffer of {buffer.size} elements does not split into {size} equal blocks")
@@ -180,27 +48,202 @@ def _blocks(buffer: np.ndarray, size: int) -> list[np.ndarray]:
     return [buffer[r * step:(r + 1) * step] for r in range(size)]
 
 
-def _operand(op: Op, values: np.ndarray, operands: int) -> np.ndarray:
-    """What a reduction of ``operands`` inputs combines: ``values``, or for the logical ops whether each
-    is nonzero. A single input passes through unchanged, as in MPI, where nothing combines it."""
-    return values != 0 if op.logical and operands > 1 else values
+def agreed(g, what: str, prepare):
+    """``prepare()``'s value, once every rank of ``g`` has run its own ``prepare`` (its local checks of
+    its arguments) without error: one small all-reduce tells each rank whether any failed, so a bad
+    argument on one rank raises there and a ``ValueError`` naming it on the others, instead of
+    leaving them waiting in a collective that rank never enters."""
+    try:
+        value, error = prepare(), None
+    except (ValueError, TypeError) as exc:
+        value, error = None, exc
+    flag = np.array([-1 if error is None else g.rank], np.int64)
+    api.all_reduce(flag, ReduceOp.MAX, g)
+    if error is not None:
+        raise error
+    if flag[0] >= 0:
+        raise ValueError(f"{what}: rank {int(flag[0])} of this communicator refused its arguments; no data moved")
+    return value
 
 
-def _in_place(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
-    """``(work, write_back)``: an array holding ``send`` for ``op`` to reduce in place over ``size``
-    ranks, and what copies the result into ``recv`` afterwards (``None`` when ``work`` is ``recv`` or
-    there is no ``recv``).
+class BufferCollectives:
+    """The data-moving buffer collectives of :class:`~allreduce.mpi.comm.Comm` (``process_group()``)."""
 
-    Raises:
-        ValueError: ``send`` and ``recv`` hold different counts (as mpi4py, before anything is sent:
-            a copy would broadcast one element over the receive buffer).
-    """
-    if recv is not None and send.size != recv.size:
-        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
-    operand = _operand(op, send, size)
-    if recv is not None and recv.dtype == operand.dtype:
-        if operand is not recv:
-            np.copyto(recv, operand)
-        return recv, None
-    work = operand if operand is not send else send.copy()
-    return work, (None if recv is None else lambda: np.copyto(recv, work, casting="unsafe"))
+    def Barrier(self) -> None:
+        self.Ibarrier().Wait()
+
+    def Ibarrier(self) -> Request:
+        return Request(api.barrier(self.process_group(), async_op=True))
+
+    def Bcast(self, buf, root: int = 0) -> None:
+        self.Ibcast(buf, root).Wait()
+
+    def Ibcast(self, buf, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+        return Request(api.broadcast(simple(buf, "buf", g.rank != root), root, g, async_op=True))
+
+    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self.Igather(sendbuf, recvbuf, root).Wait()
+
+    def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+        if g.rank != root:
+            return Request(api.gather(simple(sendbuf, "sendbuf", False), None, root, g, async_op=True))
+        blocks = split(blocked(recvbuf, g.size, "recvbuf", True), g.size)
+        send = blocks[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        return Request(api.gather(send, blocks, root, g, async_op=True))
+
+    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self.Iscatter(sendbuf, recvbuf, root).Wait()
+
+    def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+        if g.rank != root:
+            return Request(api.scatter(simple(recvbuf, "recvbuf", True), None, root, g, async_op=True))
+        blocks = split(blocked(sendbuf, g.size, "sendbuf", False), g.size)
+        recv = blocks[g.rank].copy() if in_place(recvbuf) else simple(recvbuf, "recvbuf", True)
+        return Request(api.scatter(recv, blocks, root, g, async_op=True))
+
+    def Allgather(self, sendbuf, recvbuf) -> None:
+        self.Iallgather(sendbuf, recvbuf).Wait()
+
+    def Iallgather(self, sendbuf, recvbuf) -> Request:
+        g = self.process_group()
+        recv = blocked(recvbuf, g.size, "recvbuf", True)
+        send = split(recv, g.size)[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        return Request(api.all_gather_into_tensor(recv, send, g, async_op=True))
+
+    def Alltoall(self, sendbuf, recvbuf) -> None:
+        self.Ialltoall(sendbuf, recvbuf).Wait()
+
+    def Ialltoall(self, sendbuf, recvbuf) -> Request:
+        g = self.process_group()
+        recv = blocked(recvbuf, g.size, "recvbuf", True)
+        send = recv.copy() if in_place(sendbuf) else blocked(sendbuf, g.size, "sendbuf", False)
+        return Request(api.all_to_all_single(recv, send, group=g, async_op=True))
+
+    # ---- v- and w-variants (uneven blocks) ----------------------------------------------------
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self.Igatherv(sendbuf, recvbuf, root).Wait()
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+        if g.rank != root:
+            uneven.gather(g, agreed(g, "Gatherv", lambda: simple(sendbuf, "sendbuf", False)), root, None)
+            return done()
+
+        def prepare():
+            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
+            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
+            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        recv, counts, displs, send = agreed(g, "Gatherv", prepare)
+        uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
+        return done()
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self.Iscatterv(sendbuf, recvbuf, root).Wait()
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+
+        def prepare():
+            blocks, recv = None, None
+            if g.rank == root:
+                send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
+                blocks = [send[d:d + c] for c, d in zip(counts, displs)]
+            if not (in_place(recvbuf) and g.rank == root):
+                recv = simple(recvbuf, "recvbuf", True)
+            return blocks, recv
+        blocks, recv = agreed(g, "Scatterv", prepare)
+        got = uneven.scatter(g, blocks, root, None if recv is None else recv.dtype)
+        if recv is not None:
+            if got.nbytes != recv.nbytes:
+                raise ValueError(f"root {root} sent {got.nbytes // max(recv.itemsize, 1)} elements; recvbuf holds "
+                                 f"{recv.size}")
+            recv[:] = got.view(recv.dtype)
+        return done()
+
+    def Allgatherv(self, sendbuf, recvbuf) -> None:
+        self.Iallgatherv(sendbuf, recvbuf).Wait()
+
+    def Iallgatherv(self, sendbuf, recvbuf) -> Request:
+        g = self.process_group()
+
+        def prepare():
+            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
+            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
+            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        recv, counts, displs, send = agreed(g, "Allgatherv", prepare)
+        uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
+        return done()
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        self.Ialltoallv(sendbuf, recvbuf).Wait()
+
+    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+        g = self.process_group()
+
+        def prepare():
+            recv, recv_counts, recv_displs = vector(recvbuf, g.size, "recvbuf", True)
+            if in_place(sendbuf):
+                send, send_counts, send_displs = recv.copy(), recv_counts, recv_displs
+            else:
+                send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
+            return recv, recv_counts, recv_displs, [send[d:d + c] for c, d in zip(send_counts, send_displs)]
+        recv, recv_counts, recv_displs, blocks = agreed(g, "Alltoallv", prepare)
+        uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
+                          into=recv.dtype)
+        return done()
+
+    def Alltoallw(self, sendbuf, recvbuf) -> None:
+        self.Ialltoallw(sendbuf, recvbuf).Wait()
+
+    def Ialltoallw(self, sendbuf, recvbuf) -> Request:
+        """Like ``Alltoallv`` with a datatype per block: ``[data, (counts, displs), types]``, displacements
+        in bytes, as MPI's ``Alltoallw`` takes them."""
+        g = self.process_group()
+
+        def prepare():
+            recv_blocks = _typed_blocks(recvbuf, g.size, "recvbuf", True)
+            if in_place(sendbuf):
+                return recv_blocks, [b.copy() for b in recv_blocks]
+            return recv_blocks, _typed_blocks(sendbuf, g.size, "sendbuf", False)
+        recv_blocks, send_blocks = agreed(g, "Alltoallw", prepare)
+        sent = [b.view(np.uint8) for b in send_blocks]
+
+        def deliver(got):
+            for r, (block, target) in enumerate(zip(got, recv_blocks)):
+                if block.nbytes != target.nbytes:
+                    raise ValueError(f"Alltoallw: rank {r} sent {block.nbytes} bytes; block {r} of recvbuf holds "
+                                     f"{target.nbytes}")
+                target.view(np.uint8)[:] = block.view(np.uint8)
+        uneven.all_to_all(g, sent, deliver)
+        return done()
+
+
+def _typed_blocks(spec, size: int, what: str, writable: bool) -> list[np.ndarray]:
+    """The blocks of an ``Alltoallw`` argument ``[data, (counts, displs), types]`` or
+    ``[data, counts, displs, types]`` (displacements in bytes)."""
+    if len(spec) == 3:
+        data, (counts, displs), types = spec
+    else:
+        data, counts, displs, types = spec
+    raw = array_of(data, what, writable).reshape(-1).view(np.uint8)
+    if not isinstance(types, (list, tuple)):
+        types = [types] * size
+    if not len(counts) == len(displs) == len(types) == size:
+        raise ValueError(f"{what}: needs one count, displacement and type per rank ({size})")
+    blocks = []
+    for count, displ, datatype in zip(counts, displs, types):
+        nbytes = int(count) * datatype.Get_size()
+        if displ < 0 or displ + nbytes > raw.size:
+            raise ValueError(f"{what}: {count} elements of {datatype.Get_name()} at byte {displ} do not fit in "
+                             f"{raw.size} bytes")
+        blocks.append(raw[int(displ):int(displ) + nbytes])
+    return blocks

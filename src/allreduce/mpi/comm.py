@@ -1,46 +1,68 @@
-"""The communicator: mpi4py's ``Comm`` on a process group, and the world one, formed on first use.
+"""The communicator: mpi4py's ``Comm`` on a process group, and the world's and this process's own.
 
 ``COMM_WORLD`` joins the default group the first time it is used, from the launcher's environment
 (``allreduce run``, ``torchrun``, Open MPI's ``mpirun``, MPICH's, ``srun``; a process started alone
 is a world of one), as ``MPI_Init`` would, and leaves it at exit. If the program has called
 ``allreduce.init_process_group`` itself, ``COMM_WORLD`` uses that group and leaves it alone.
-``Split`` and ``Dup`` form new groups of their own (:func:`allreduce.split_group`), which ``Free``
-closes.
+``COMM_SELF`` is a group of this process alone, formed on its first use without any peer.
+``Split``, ``Split_type``, ``Dup`` and ``Create`` form new groups of their own
+(:func:`allreduce.split_group`), which ``Free`` closes.
+
+A ``Comm`` object is a handle, as in mpi4py: ``Comm(comm)`` is another handle of the same
+communicator (equal to it), ``Comm()`` is ``COMM_NULL``, and pickling the predefined ones gives
+them back.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import sys
 
-import numpy as np
-
-from .. import api, objects, rendezvous
+from .. import api, rendezvous
+from ..p2p import TAG_UB as _TAG_UB
+from . import environment, errorcodes
 from .collectives import BufferCollectives
-from .datatypes import simple
-from . import p2p
-from .p2p import ANY_SOURCE, ANY_TAG, Request, Status
+from .errorcodes import ERR_ARG, ERR_COMM, ERR_KEYVAL, error
+from .groups import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
+from .info import ERRORS_RETURN, INFO_NULL, Errhandler, Info
+from .messages import PointToPoint
 from .pickled import ObjectCollectives
+from .reducing import Reductions
+from .requests import Request
 
 UNDEFINED = -32766
 
 _UNSUPPORTED = {  # Comm methods of MPI features this library does not offer, and the feature's name
-    **dict.fromkeys(["Create_cart", "Create_graph", "Create_dist_graph", "Create_dist_graph_adjacent"],
-                    "process topologies"),
-    **dict.fromkeys(["Spawn", "Spawn_multiple", "Get_parent", "Accept", "Connect", "Join"],
-                    "dynamic process management"),
+    **dict.fromkeys(["Create_cart", "Create_graph", "Create_dist_graph", "Create_dist_graph_adjacent",
+                     "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+                     "Neighbor_alltoallw", "neighbor_allgather", "neighbor_alltoall"], "process topologies"),
+    **dict.fromkeys(["Spawn", "Spawn_multiple", "Accept", "Connect", "Join"], "dynamic process management"),
     **dict.fromkeys(["Create_intercomm", "Merge"], "inter-communicators"),
-    **dict.fromkeys(["Ssend", "Bsend", "Rsend", "Issend", "Ibsend", "Irsend", "Send_init", "Recv_init",
-                     "ssend", "bsend", "issend", "ibsend"], "send modes other than standard (Send/Isend)"),
-    **dict.fromkeys(["Ibarrier", "Ibcast", "Igather", "Igatherv", "Iscatter", "Iscatterv", "Iallgather",
-                     "Iallgatherv", "Ialltoall", "Ialltoallv", "Ireduce", "Ireduce_scatter", "Iscan", "Iexscan"],
-                    "nonblocking collectives other than Iallreduce"),
+    **dict.fromkeys(["Allreduce_init", "Bcast_init", "Reduce_init", "Allgather_init", "Alltoall_init", "Gather_init",
+                     "Scatter_init", "Barrier_init", "Reduce_scatter_init", "Reduce_scatter_block_init", "Scan_init",
+                     "Exscan_init", "Gatherv_init", "Scatterv_init", "Allgatherv_init", "Alltoallv_init",
+                     "Alltoallw_init", "Psend_init", "Precv_init", "Create_from_group", "Attach_buffer",
+                     "Detach_buffer", "Flush_buffer", "Iflush_buffer"], "MPI-4 features (persistent collectives, "
+                                                                         "partitioned messages, sessions)"),
 }
 
 
-class Comm(BufferCollectives, ObjectCollectives):
+class _Handle:
+    """What every handle of one communicator shares."""
+
+    def __init__(self, group=None, kind: str | None = None, name: str = ""):
+        self.group, self.kind, self.name = group, kind, name  # kind: "world", "self" or None
+        self.attrs: dict[int, object] = {}
+        self.info = Info.Create()
+        self.errhandler = ERRORS_RETURN
+
+    @property
+    def null(self) -> bool:
+        return self.kind is None and self.group is None
+
+
+class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
     """An intra-communicator with mpi4py's method names and argument order.
 
     Example (under ``allreduce run -n 2 -- python script.py``)::
@@ -50,22 +72,37 @@ class Comm(BufferCollectives, ObjectCollectives):
         comm.allreduce(comm.rank + 1)          # both: 3
     """
 
-    def __init__(self, group=None, world: bool = False):
-        self._group = group
-        self._world = world  # resolve the default group lazily
+    def __init__(self, comm: "Comm | None" = None):
+        if comm is None:
+            self._handle = _Handle()
+        elif isinstance(comm, Comm):
+            self._handle = comm._handle
+        else:
+            raise TypeError(f"Comm() takes a communicator, got {type(comm).__name__}")
+
+    @classmethod
+    def _of(cls, group, kind: str | None = None, name: str = "") -> "Comm":
+        made = cls()
+        made._handle = _Handle(group, kind, name)
+        return made
 
     def process_group(self):
-        """The library group under this communicator (the world's is formed here on first use).
+        """The library group under this communicator (the world's and this process's own are formed
+        on first use).
 
         Raises:
-            ValueError: the communicator is ``COMM_NULL`` or was freed.
+            MPI.Exception: ``ERR_COMM``, the communicator is ``COMM_NULL`` or was freed.
         """
-        if self._world:
-            group = init_world()
-            self._group = group  # a new default group, once the old one is gone: nothing carries over
-        if self._group is None:
-            raise ValueError("this communicator is MPI.COMM_NULL (or was freed); it has no ranks")
-        return self._group
+        handle = self._handle
+        if handle.kind == "world":
+            handle.group = init_world()  # a new default group, once the old one is gone: nothing carries over
+        elif handle.kind == "self":
+            world = init_world()
+            if handle.group is None or getattr(handle, "world", None) is not world:
+                handle.group, handle.world = api.self_group(), world
+        if handle.group is None:
+            raise error(ERR_COMM, "this communicator is MPI.COMM_NULL (or was freed); it has no ranks")
+        return handle.group
 
     # ---- who is here -----------------------------------------------------------------------------
 
@@ -78,133 +115,279 @@ class Comm(BufferCollectives, ObjectCollectives):
     rank = property(Get_rank)
     size = property(Get_size)
 
+    def Get_group(self) -> Group:
+        """The communicator's ranks, as a group of world ranks."""
+        g = self.process_group()
+        return Group.of(g.ranks, g.ranks[g.rank])
+
+    group = property(Get_group)
+
     def Is_intra(self) -> bool:
+        self.process_group()
         return True
 
     def Is_inter(self) -> bool:
+        self.process_group()
         return False
 
+    is_intra = property(Is_intra)
+    is_inter = property(Is_inter)
+
+    def Get_topology(self) -> int:
+        """``UNDEFINED``: no process topology is attached (they are not supported)."""
+        self.process_group()
+        return UNDEFINED
+
+    topology = property(Get_topology)
+
+    def Compare(self, comm: "Comm") -> int:
+        """``IDENT`` (the same communicator), ``CONGRUENT`` (same ranks, same order), ``SIMILAR`` (same
+        ranks) or ``UNEQUAL``; callable as ``MPI.Comm.Compare(a, b)`` too."""
+        mine, theirs = self.process_group().ranks, comm.process_group().ranks
+        if self._handle is comm._handle:
+            return IDENT
+        if mine == theirs:
+            return CONGRUENT
+        return SIMILAR if set(mine) == set(theirs) else UNEQUAL
+
     def __bool__(self) -> bool:
-        return self._world or self._group is not None
+        return not self._handle.null
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Comm):
+            return NotImplemented
+        return self._handle is other._handle or (self._handle.null and other._handle.null)
+
+    def __hash__(self) -> int:
+        return 0 if self._handle.null else id(self._handle)
+
+    def __reduce__(self):
+        for name, predefined in (("COMM_NULL", COMM_NULL), ("COMM_WORLD", COMM_WORLD), ("COMM_SELF", COMM_SELF)):
+            if self is predefined:
+                return _predefined, (name,)
+        for predefined in (COMM_WORLD, COMM_SELF):
+            if self._handle is predefined._handle:
+                return Comm, (predefined,)
+        if self._handle.null:
+            return Comm, ()
+        raise ValueError(f"cannot pickle {self!r}: only the predefined communicators travel")
 
     def __repr__(self) -> str:
-        if not self:
-            return "<allreduce.MPI.Comm COMM_NULL>"
-        return f"<allreduce.MPI.Comm {'COMM_WORLD' if self._world else self._group.name}>"
+        return f"<allreduce.MPI.Comm {self.Get_name() or hex(id(self._handle))}>"
 
-    def __getattr__(self, name: str):
-        if name in _UNSUPPORTED:
-            raise NotImplementedError(f"Comm.{name}: {_UNSUPPORTED[name]} are not supported by allreduce.MPI")
-        raise AttributeError(f"allreduce.MPI.Comm has no attribute {name!r}")
+    # ---- names, attributes, info, error handlers ------------------------------------------------
+
+    def Get_name(self) -> str:
+        if self._handle.null:
+            return "MPI_COMM_NULL"
+        return self._handle.name
+
+    def Set_name(self, name: str) -> None:
+        self.process_group()
+        self._handle.name = str(name)
+
+    name = property(Get_name, Set_name)
+
+    def Get_attr(self, keyval: int):
+        """The value of an attribute: MPI's (``TAG_UB``, ``IO``, ``WTIME_IS_GLOBAL``, ``APPNUM``,
+        ``UNIVERSE_SIZE``, ``LASTUSEDCODE``) or one set with ``Set_attr``; ``None`` if unset."""
+        g = self.process_group()
+        predefined = {environment.TAG_UB: _TAG_UB, environment.IO: g.rank, environment.WTIME_IS_GLOBAL: False,
+                      environment.UNIVERSE_SIZE: api.default_group().size,
+                      environment.LASTUSEDCODE: errorcodes.LASTUSEDCODE_VALUE}
+        if keyval in predefined:
+            return predefined[keyval]
+        if keyval == environment.APPNUM:
+            return None
+        if keyval not in _KEYVALS:
+            raise error(ERR_KEYVAL, f"{keyval} is not an attribute key (Comm.Create_keyval makes one)")
+        return self._handle.attrs.get(keyval)
+
+    def Set_attr(self, keyval: int, attrval) -> None:
+        self.process_group()
+        if keyval not in _KEYVALS:
+            raise error(ERR_KEYVAL, f"{keyval} is not an attribute key (Comm.Create_keyval makes one)")
+        self._handle.attrs[keyval] = attrval
+
+    def Delete_attr(self, keyval: int) -> None:
+        self.process_group()
+        if keyval not in _KEYVALS:
+            raise error(ERR_KEYVAL, f"{keyval} is not an attribute key")
+        self._handle.attrs.pop(keyval, None)
+
+    @classmethod
+    def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython: bool = False) -> int:
+        """A new attribute key (copy and delete callbacks are accepted; ``Dup`` copies no attribute)."""
+        key = max(_KEYVALS, default=100) + 1
+        _KEYVALS.add(key)
+        return key
+
+    @classmethod
+    def Free_keyval(cls, keyval: int) -> int:
+        _KEYVALS.discard(keyval)
+        return environment.KEYVAL_INVALID
+
+    def Get_info(self) -> Info:
+        self.process_group()
+        return self._handle.info.Dup()
+
+    def Set_info(self, info: Info) -> None:
+        self.process_group()
+        self._handle.info = info.Dup() if info else Info.Create()
+
+    info = property(Get_info, Set_info)
+
+    def Get_errhandler(self) -> Errhandler:
+        self.process_group()
+        return Errhandler(self._handle.errhandler)
+
+    def Set_errhandler(self, errhandler: Errhandler) -> None:
+        self.process_group()
+        if not isinstance(errhandler, Errhandler) or not errhandler:
+            raise error(ERR_ARG, f"not an error handler: {errhandler!r}")
+        self._handle.errhandler = Errhandler(errhandler)
+
+    def Call_errhandler(self, errorcode: int) -> None:
+        """Errors raise here: this raises ``MPI.Exception(errorcode)``."""
+        raise errorcodes.Exception(errorcode)
 
     # ---- new communicators -----------------------------------------------------------------------
+
+    def _formed(self, splits: list[list[int]]) -> "Comm":
+        """The communicator of the split holding this rank (``COMM_NULL`` if none); every rank calls it."""
+        if not splits:
+            return Comm()
+        group = api.split_group(self.process_group(), splits)
+        return Comm() if isinstance(group, api.NonMember) else Comm._of(group)
 
     def Split(self, color: int = 0, key: int = 0) -> "Comm":
         """Ranks of equal ``color`` form a new communicator, ordered by ``key`` then by rank here;
         ``color=MPI.UNDEFINED`` gives ``COMM_NULL``. Every rank of this communicator calls it."""
-        chosen = self.allgather((color, key))
+        chosen = self.allgather((int(color), int(key)))
         colors = sorted({c for c, _ in chosen if c != UNDEFINED})
-        splits = [sorted((r for r, (c, _) in enumerate(chosen) if c == color_), key=lambda r: (chosen[r][1], r))
-                  for color_ in colors]
-        if not splits:
-            return COMM_NULL
-        group = api.split_group(self.process_group(), splits)
-        return COMM_NULL if isinstance(group, api.NonMember) else Comm(group)
+        if any(c < 0 and c != UNDEFINED for c, _ in chosen):
+            raise error(ERR_ARG, f"Split colors must be >= 0 or MPI.UNDEFINED, got {[c for c, _ in chosen]}")
+        return self._formed([sorted((r for r, (c, _) in enumerate(chosen) if c == color_),
+                                    key=lambda r: (chosen[r][1], r)) for color_ in colors])
 
-    def Dup(self, info=None) -> "Comm":
+    def Split_type(self, split_type: int, key: int = 0, info: Info = INFO_NULL) -> "Comm":
+        """``COMM_TYPE_SHARED``: one communicator per host (ranks that share memory); ``UNDEFINED``
+        gives ``COMM_NULL``, and so do the hardware-guided types, whose resources are not known here."""
+        g = self.process_group()
+        color = g.topology.host if split_type == environment.COMM_TYPE_SHARED else UNDEFINED
+        return self.Split(color, key)
+
+    def Dup(self, info: Info | None = None) -> "Comm":
         """A communicator of the same ranks whose messages and collectives never meet this one's.
         ``info`` hints are accepted and, as MPI allows, ignored."""
-        return Comm(api.split_group(self.process_group()))
+        made = Comm._of(api.split_group(self.process_group()))
+        made._handle.info = (info or self._handle.info).Dup() if (info or self._handle.info) else Info.Create()
+        return made
 
     Clone = Dup
 
+    def Dup_with_info(self, info: Info) -> "Comm":
+        return self.Dup(info)
+
+    def Idup(self, info: Info | None = None) -> tuple["Comm", Request]:
+        """``Dup``, which completes at once here, and its completed request."""
+        return self.Dup(info), Request(active=True)
+
+    def Idup_with_info(self, info: Info) -> tuple["Comm", Request]:
+        return self.Idup(info)
+
+    def Create(self, group: Group) -> "Comm":
+        """The communicator of ``group``'s ranks (a subgroup of this one's, in its order); ranks outside
+        it get ``COMM_NULL``. Every rank of this communicator calls it, with the same group."""
+        members = self.Get_group().Translate_ranks(None, None)
+        wanted = list(group.Translate_ranks(None, None)) if group else []
+        if any(w not in members for w in wanted):
+            raise error(errorcodes.ERR_GROUP, f"the group {wanted} holds ranks outside this communicator")
+        return self._formed([[members.index(w) for w in wanted]] if wanted else [])
+
+    def Create_group(self, group: Group, tag: int = 0) -> "Comm":
+        """``Create``, when every rank of this communicator is in ``group`` (forming a communicator of
+        only some ranks, with no part taken by the others, is not supported)."""
+        if group.Get_size() != self.Get_size():
+            raise NotImplementedError("Comm.Create_group of a strict subgroup is not supported by allreduce.MPI; "
+                                      "call Create(group) on every rank instead")
+        return self.Create(group)
+
     def Free(self) -> None:
-        """Close the communicator's group (not the world's: that one ends with the program)."""
-        if self._world:
-            raise ValueError("COMM_WORLD cannot be freed; it is released at exit (or by MPI.Finalize)")
-        if self._group is not None:
-            api.destroy_process_group(self._group)
-        self._group = None
+        """Close the communicator's group; this handle becomes ``COMM_NULL``.
+
+        Raises:
+            MPI.Exception: ``ERR_COMM`` for ``COMM_NULL``, ``COMM_WORLD`` and ``COMM_SELF``.
+        """
+        handle = self._handle
+        if handle.null or handle.kind is not None:
+            raise error(ERR_COMM, f"{self.Get_name() or 'this communicator'} cannot be freed")
+        if handle.group is not None:
+            api.destroy_process_group(handle.group)
+        self._handle = _Handle()
+
+    Disconnect = Free
 
     def Abort(self, errorcode: int = 0) -> None:
         """End this process at once with ``errorcode``; the launcher then ends the others."""
         print(f"allreduce.MPI: Abort({errorcode}) called on rank {self.rank}", file=sys.stderr, flush=True)
         os._exit(errorcode)
 
-    # ---- point to point --------------------------------------------------------------------------
+    @classmethod
+    def Get_parent(cls) -> "Comm":
+        """A null inter-communicator (equal to ``COMM_NULL``): no process here was spawned by another."""
+        return Intercomm()
 
-    def _p2p(self):
-        group = self.process_group()
-        return group.p2p, group.size
 
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
-        """Send the buffer; returns once it is on its way (a large one: once its receive is posted)."""
-        self.Isend(buf, dest, tag).finish()
+def _refused(name: str, feature: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(f"Comm.{name}: {feature} are not supported by allreduce.MPI")
+    refused.__name__ = refused.__qualname__ = name
+    refused.__doc__ = f"Not supported: {feature} (raises NotImplementedError)."
+    return refused
 
-    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Start sending the buffer, which must not change until the request is done."""
-        return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
 
-    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
-        self.Irecv(buf, source, tag).finish(status)
+for _name, _feature in _UNSUPPORTED.items():  # mpi4py's names exist, and say what is missing when called
+    setattr(Comm, _name, _refused(_name, _feature))
 
-    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
-        return p2p.receive(*self._p2p(), simple(buf, "buf", True), source, tag, _nothing)
+class Intercomm(Comm):
+    """Inter-communicators are not supported: ``Intercomm()`` is a null handle (``COMM_NULL``), and
+    making a real one (``Create_intercomm``) raises ``NotImplementedError``."""
 
-    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
-                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Send and receive at once: the receive is posted first, so a ring of them never deadlocks."""
-        receiving = self.Irecv(recvbuf, source, recvtag)
-        sending = self.Isend(sendbuf, dest, sendtag)
-        p2p.exchange(receiving, sending, status)
+    def __init__(self, comm: Comm | None = None):
+        if comm is not None and not (isinstance(comm, Comm) and comm._handle.null):
+            raise NotImplementedError("inter-communicators (MPI.Intercomm) are not supported by allreduce.MPI")
+        super().__init__()
 
-    def send(self, obj, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).finish()
-
-    def isend(self, obj, dest: int, tag: int = 0) -> Request:
-        objects.check_trusted(self.process_group(), "send/isend of an object")
-        return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
-
-    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
-        """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
-        return self.irecv(buf, source, tag).finish(status)
-
-    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        objects.check_trusted(self.process_group(), "recv/irecv of an object")
-        return p2p.receive(*self._p2p(), None, source, tag, _unpickled)
-
-    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
-                 recvtag: int = ANY_TAG, status: Status | None = None):
-        receiving = self.irecv(recvbuf, source, recvtag)
-        sending = self.isend(sendobj, dest, sendtag)
-        return p2p.exchange(receiving, sending, status)
-
-    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        """Wait until a message from ``source`` with ``tag`` can be received; describe it in ``status``."""
-        found = p2p.probe(*self._p2p(), source, tag, block=True)
-        if status is not None:
-            status.fill(*found)
+    def Is_inter(self) -> bool:
         return True
 
-    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        found = p2p.probe(*self._p2p(), source, tag, block=False)
-        if found is not None and status is not None:
-            status.fill(*found)
-        return found is not None
+    def Is_intra(self) -> bool:
+        return False
 
-    probe, iprobe = Probe, Iprobe
+    def _refuse(self, name: str):
+        self.process_group()  # COMM_NULL: ERR_COMM, as for any communicator
+        raise NotImplementedError(f"Intercomm.{name}: inter-communicators are not supported by allreduce.MPI")
+
+    def Get_remote_group(self) -> Group:
+        self._refuse("Get_remote_group")
+
+    def Get_remote_size(self) -> int:
+        self._refuse("Get_remote_size")
+
+    def Merge(self, high: bool = False) -> Comm:
+        self._refuse("Merge")
 
 
-def _nothing(payload) -> None:
-    return None
+_KEYVALS: set[int] = set()
 
 
-def _unpickled(payload):
-    return None if payload is None else pickle.loads(payload)
+def _predefined(name: str) -> Comm:
+    return {"COMM_NULL": COMM_NULL, "COMM_WORLD": COMM_WORLD, "COMM_SELF": COMM_SELF}[name]
 
 
-COMM_WORLD = Comm(world=True)
+COMM_WORLD = Comm._of(None, "world", "MPI_COMM_WORLD")
+COMM_SELF = Comm._of(None, "self", "MPI_COMM_SELF")
 COMM_NULL = Comm()
 _finalize_at_exit: list = []  # set once this module has joined the default group itself
 
@@ -231,3 +414,4 @@ def finalize() -> None:
     """Leave the default group if this module joined it (``MPI.Finalize``; also run at exit)."""
     if _finalize_at_exit and api.is_initialized():
         api.destroy_process_group()
+        environment.mark_finalized()

@@ -1,12 +1,10 @@
-"""MPI datatypes as numpy dtypes, and mpi4py's buffer arguments turned into flat numpy views.
+"""MPI datatypes as numpy dtypes: the basic ones mpi4py names, contiguous ones made of them, and the
+queries mpi4py offers on them (sizes, extents, envelopes and contents, typecodes).
 
-A buffer argument is an array (any buffer-protocol object), or a list in mpi4py's forms:
-``[data, MPI.DOUBLE]``, ``[data, count, MPI.DOUBLE]``, ``[data, (count, displ), MPI.DOUBLE]``; the
-vector collectives also take ``[data, counts]``, ``[data, (counts, displs)]``,
-``[data, counts, displs, MPI.DOUBLE]``. Counts and displacements are in units of the datatype. The
-datatype reinterprets the data's bytes, as in MPI; without one, the array's own dtype decides.
-Derived datatypes other than contiguous ones would need gathers of strided memory, which the flat
-views of this library cannot express: they raise ``NotImplementedError``.
+Those numpy cannot hold (``LONG_DOUBLE`` and its complex, the MINLOC/MAXLOC pair types) are
+``DATATYPE_NULL``, as in mpi4py on an MPI without them. Derived datatypes other than contiguous
+would need gathers of strided memory, which the flat views of this library cannot express: their
+constructors raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -15,36 +13,50 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..buffers import as_array, flat
-from ..uneven import displacements
+from ..dtypes import bfloat16
+from .errorcodes import ERR_ARG, ERR_COUNT, ERR_KEYVAL, ERR_TYPE, error as _error
 
 _DERIVED = ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
-            "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized")
+            "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized",
+            "Create_f90_integer", "Create_f90_real", "Create_f90_complex", "Create_value_index")
 
 
-class _InPlace:
-    """``MPI.IN_PLACE``: the receive buffer also holds this rank's input."""
-
-    def __repr__(self) -> str:
-        return "IN_PLACE"
-
-
-IN_PLACE = _InPlace()
+COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
+COMBINER_VECTOR, COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_HINDEXED = 3, 5, 6, 8
+COMBINER_INDEXED_BLOCK, COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_DARRAY = 9, 11, 12, 13
+COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER, COMBINER_RESIZED = 14, 15, 16, 17
+COMBINER_HINDEXED_BLOCK, COMBINER_VALUE_INDEX = 18, 0
+TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 
 @dataclass(frozen=True, eq=False)
 class Datatype:
-    """An element type: a numpy dtype, repeated ``count`` times for a contiguous derived type."""
+    """An element type: a numpy dtype, repeated ``count`` times for a contiguous derived type.
 
-    dtype: np.dtype  # the basic element
+    Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL`` and
+    for those numpy cannot hold (``LONG_DOUBLE`` and its complex), which are ``DATATYPE_NULL``, as
+    in mpi4py on an MPI that lacks them.
+    """
+
+    dtype: np.dtype | None  # the basic element
     name: str  # MPI's name, e.g. MPI_DOUBLE
     count: int = 1  # basic elements in one element of this type
+    combiner: int = COMBINER_NAMED  # how the type was made
+    parent: "Datatype | None" = None  # what Dup or Create_contiguous made it of
+
+    def _basic(self) -> np.dtype:
+        if self.dtype is None:
+            raise _error_type(f"{self.name} has no elements (it is MPI.DATATYPE_NULL)")
+        return self.dtype
 
     @property
     def size(self) -> int:
-        return self.dtype.itemsize * self.count
+        return self._basic().itemsize * self.count
 
     extent = size
+    true_extent = size
+    lb = true_lb = property(lambda self: 0)
+    ub = true_ub = property(lambda self: self.size)
 
     def Get_size(self) -> int:
         return self.size
@@ -52,33 +64,189 @@ class Datatype:
     def Get_extent(self) -> tuple[int, int]:
         return 0, self.size
 
+    Get_true_extent = Get_extent
+
     def Get_name(self) -> str:
         return self.name
 
+    def Set_name(self, name: str) -> None:
+        object.__setattr__(self, "name", str(name))
+
+    @property
+    def typestr(self) -> str:
+        """The numpy type string of one element (``""`` for DATATYPE_NULL)."""
+        if self.dtype is None:
+            return ""
+        return self.dtype.str if self.count == 1 else f"{self.count}{self.dtype.str}"
+
+    @property
+    def typechar(self) -> str:
+        return "" if self.dtype is None else self.dtype.char
+
+    @property
+    def is_named(self) -> bool:
+        return self.combiner == COMBINER_NAMED
+
+    is_predefined = is_named
+
+    def Get_envelope(self) -> tuple[int, int, int, int, int]:
+        """``(integers, addresses, large counts, datatypes, combiner)``: how many of each
+        ``Get_contents`` returns, and how the type was made."""
+        integers, addresses, counts, datatypes = (len(part) for part in self.Get_contents()) \
+            if self.combiner != COMBINER_NAMED else (0, 0, 0, 0)
+        return integers, addresses, counts, datatypes, self.combiner
+
+    @property
+    def envelope(self):
+        return self.Get_envelope()
+
+    def Get_contents(self) -> tuple[list, list, list, list]:
+        """``(integers, addresses, large counts, datatypes)`` this type was made from.
+
+        Raises:
+            MPI.Exception: ``ERR_ARG`` for a predefined type, which has no contents.
+        """
+        if self.combiner == COMBINER_NAMED:
+            raise _error(ERR_ARG, f"{self.name} is predefined: it has no contents")
+        if self.combiner == COMBINER_CONTIGUOUS:
+            return [self.count // max(self.parent.count, 1) if self.parent.count else 0], [], [], [self.parent]
+        return [], [], [], [self.parent]
+
+    @property
+    def contents(self):
+        return self.Get_contents()
+
+    def decode(self):
+        """``(self, "NAMED", {})`` for a predefined type, else ``(base, combiner name, its arguments)``."""
+        if self.combiner == COMBINER_NAMED:
+            return self, "NAMED", {}
+        if self.combiner == COMBINER_CONTIGUOUS:
+            return self.parent, "CONTIGUOUS", {"count": self.count // self.parent.count}
+        return self.parent, "DUP", {}
+
+    def Dup(self) -> "Datatype":
+        """A new handle of the same type (equal in every respect but identity)."""
+        self._basic()
+        return Datatype(self.dtype, self.name, self.count, COMBINER_DUP, self)
+
     def Create_contiguous(self, count: int) -> "Datatype":
         """``count`` elements of this type back to back, as one element."""
-        return Datatype(self.dtype, f"CONTIGUOUS({count}, {self.name})", self.count * int(count))
+        if int(count) < 0:
+            raise _error(ERR_COUNT, f"count must be >= 0, got {count}")
+        return Datatype(self._basic(), "", self.count * int(count), COMBINER_CONTIGUOUS, self)
+
+    @classmethod
+    def fromcode(cls, code: str) -> "Datatype":
+        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
+
+        Raises:
+            ValueError: a typecode no datatype here stands for.
+        """
+        found = _BY_CODE.get(code)
+        if found is None or not found:
+            raise ValueError(f"cannot map typecode {code!r} to an MPI datatype")
+        return found
+
+    def tocode(self) -> str:
+        """The typecode of a predefined datatype (``MPI.DOUBLE.tocode() == "d"``).
+
+        Raises:
+            ValueError: a datatype with no typecode.
+        """
+        for code, datatype in _BY_CODE.items():
+            if datatype is self and len(code) == 1:
+                return code
+        if self.is_named and self.dtype is not None:
+            return self.dtype.char
+        raise ValueError(f"cannot map {self.name} to a typecode")
+
+    def Get_attr(self, keyval: int):
+        """Datatypes carry no attributes here: every key is unknown (``ERR_KEYVAL``)."""
+        raise _error(ERR_KEYVAL, f"{keyval} is not an attribute key of a datatype")
+
+    @classmethod
+    def Match_size(cls, typeclass: int, size: int) -> "Datatype":
+        """The predefined type of ``typeclass`` (``TYPECLASS_INTEGER``...) that is ``size`` bytes.
+
+        Raises:
+            MPI.Exception: ``ERR_ARG`` where there is none.
+        """
+        found = _MATCHING.get((typeclass, int(size)))
+        if found is None or not found:
+            raise _error(ERR_ARG, f"no datatype of class {typeclass} is {size} bytes")
+        return found
+
+    @classmethod
+    def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":
+        """The pair type (value, index) MINLOC/MAXLOC reduce: ``DATATYPE_NULL``, as pairs are not offered.
+
+        Raises:
+            MPI.Exception: ``ERR_TYPE`` for ``DATATYPE_NULL`` arguments.
+        """
+        value._basic()
+        index._basic()
+        return DATATYPE_NULL
 
     def Commit(self) -> "Datatype":
+        self._basic()
         return self
 
     def Free(self) -> None:
-        """Nothing to release: a datatype here is a plain value."""
+        """Nothing to release: a datatype here is a plain value (a predefined one cannot be freed)."""
+        if self.combiner == COMBINER_NAMED:
+            raise _error(ERR_TYPE, f"the predefined {self.name} cannot be freed")
 
-    def __getattr__(self, name: str):
-        if name in _DERIVED:
-            raise NotImplementedError(f"derived datatypes other than contiguous ({name}) are not supported by "
-                                      "allreduce.MPI; copy the data into a contiguous array")
-        raise AttributeError(name)
+    def __bool__(self) -> bool:
+        return self.dtype is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        return self is other or (self.dtype is None and other.dtype is None)
+
+    def __hash__(self) -> int:
+        return id(self) if self.dtype is not None else 0
+
+    def __reduce__(self):
+        if self.combiner == COMBINER_NAMED and self.name in _NAMED:
+            return _named, (self.name,)
+        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.parent)
 
     def __repr__(self) -> str:
         return f"<Datatype {self.name}>"
 
 
+def _refused(name: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(f"derived datatypes other than contiguous ({name}) are not supported by "
+                                  "allreduce.MPI; copy the data into a contiguous array")
+    refused.__name__ = refused.__qualname__ = name
+    refused.__doc__ = f"Not supported: {name} (raises NotImplementedError)."
+    return refused
+
+
+for _name in _DERIVED:  # mpi4py's names exist, and say what is missing when called
+    setattr(Datatype, _name, _refused(_name))
+
+
+def _error_type(message: str):
+    return _error(ERR_TYPE, message)
+
+
+_NAMED: dict[str, Datatype] = {}
+
+
+def _named(name: str) -> Datatype:
+    return _NAMED[name]
+
+
 def _predefined(name: str, dtype) -> Datatype:
-    return Datatype(np.dtype(dtype), f"MPI_{name}")
+    made = Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}")
+    _NAMED[made.name] = made
+    return made
 
 
+DATATYPE_NULL = _predefined("DATATYPE_NULL", None)
 BYTE = _predefined("BYTE", np.uint8)
 CHAR = _predefined("CHAR", np.int8)
 SIGNED_CHAR = _predefined("SIGNED_CHAR", np.int8)
@@ -108,97 +276,62 @@ C_DOUBLE_COMPLEX = _predefined("C_DOUBLE_COMPLEX", np.complex128)
 COMPLEX = _predefined("COMPLEX", np.complex64)
 DOUBLE_COMPLEX = _predefined("DOUBLE_COMPLEX", np.complex128)
 
+UNSIGNED_INT = UNSIGNED
+WCHAR = _predefined("WCHAR", np.int32)
+PACKED = _predefined("PACKED", np.uint8)
+AINT = _predefined("AINT", np.intp)
+OFFSET = _predefined("OFFSET", np.int64)
+COUNT = _predefined("COUNT", np.int64)
+FLOAT16_T = _predefined("FLOAT16_T", np.float16)
+FLOAT32_T = _predefined("FLOAT32_T", np.float32)
+FLOAT64_T = _predefined("FLOAT64_T", np.float64)
+C_COMPLEX = C_FLOAT_COMPLEX
+CXX_BOOL = _predefined("CXX_BOOL", np.bool_)
+CXX_FLOAT_COMPLEX = _predefined("CXX_FLOAT_COMPLEX", np.complex64)
+CXX_DOUBLE_COMPLEX = _predefined("CXX_DOUBLE_COMPLEX", np.complex128)
+CHARACTER = _predefined("CHARACTER", np.int8)
+LOGICAL = _predefined("LOGICAL", np.int32)
+INTEGER = _predefined("INTEGER", np.int32)
+REAL = _predefined("REAL", np.float32)
+DOUBLE_PRECISION = _predefined("DOUBLE_PRECISION", np.float64)
+LOGICAL1, LOGICAL2, LOGICAL4, LOGICAL8 = (_predefined(f"LOGICAL{n}", f"i{n}") for n in (1, 2, 4, 8))
+INTEGER1, INTEGER2, INTEGER4, INTEGER8 = (_predefined(f"INTEGER{n}", f"i{n}") for n in (1, 2, 4, 8))
+REAL2, REAL4, REAL8 = (_predefined(f"REAL{n}", f"f{n}") for n in (2, 4, 8))
+COMPLEX8, COMPLEX16 = (_predefined(f"COMPLEX{n}", f"c{n}") for n in (8, 16))
+BFLOAT16_T = _predefined("BFLOAT16_T", bfloat16)
+# numpy holds none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
+LONG_DOUBLE = C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = CXX_LONG_DOUBLE_COMPLEX = DATATYPE_NULL
+REAL16 = COMPLEX4 = COMPLEX32 = INTEGER16 = LOGICAL16 = DATATYPE_NULL
+# the MAXLOC/MINLOC pairs: not offered (reductions of pairs are not supported)
+SHORT_INT = INT_INT = TWOINT = LONG_INT = FLOAT_INT = DOUBLE_INT = LONG_DOUBLE_INT = DATATYPE_NULL
+UB = LB = DATATYPE_NULL
+
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
 for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNSIGNED_LONG, FLOAT, DOUBLE,
               C_BOOL, C_FLOAT_COMPLEX, C_DOUBLE_COMPLEX):  # the one a bare array of each dtype stands for
     _BY_DTYPE.setdefault(_type.dtype, _type)
 
 
+_BY_CODE = {
+    "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG, "B": UNSIGNED_CHAR,
+    "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG, "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE,
+    "g": LONG_DOUBLE, "?": C_BOOL, "F": C_FLOAT_COMPLEX, "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX,
+    "e": FLOAT16_T, "p": AINT, "u": WCHAR,
+    "i1": INT8_T, "i2": INT16_T, "i4": INT32_T, "i8": INT64_T, "u1": UINT8_T, "u2": UINT16_T, "u4": UINT32_T,
+    "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
+    "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
+}
+
+
+_MATCHING = {
+    **{(TYPECLASS_INTEGER, n): t for n, t in ((1, INTEGER1), (2, INTEGER2), (4, INTEGER4), (8, INTEGER8))},
+    **{(TYPECLASS_LOGICAL, n): t for n, t in ((1, LOGICAL1), (2, LOGICAL2), (4, LOGICAL4), (8, LOGICAL8))},
+    **{(TYPECLASS_REAL, n): t for n, t in ((2, REAL2), (4, REAL4), (8, REAL8))},
+    **{(TYPECLASS_COMPLEX, n): t for n, t in ((8, COMPLEX8), (16, COMPLEX16))},
+}
+
+
 def datatype_of(dtype) -> Datatype:
     """The predefined datatype of a numpy dtype (or a typecode such as ``"d"``), else an unnamed one."""
     dtype = np.dtype(dtype)
     return _BY_DTYPE.get(dtype) or Datatype(dtype, str(dtype))
-
-
-def simple(spec, what: str, writable: bool) -> np.ndarray:
-    """The elements a buffer argument names, as a flat view of its basic dtype.
-
-    Raises:
-        ValueError: a count or displacement beyond the data, or a malformed argument.
-        TypeError: data that is not a contiguous buffer of a dtype collectives carry.
-    """
-    data, count, datatype = _parts(spec, what)
-    displ = 0
-    if isinstance(count, (tuple, list)):
-        count, displ = count
-    elements, per = _elements(data, datatype, what, writable)
-    available = elements.size // per
-    count = available - displ if count is None else int(count)
-    if displ < 0 or count < 0 or displ + count > available:
-        raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
-    return elements[displ * per:(displ + count) * per]
-
-
-def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list[int], list[int]]:
-    """``(elements, counts, displs)`` of a vector buffer argument, counts and displs in basic elements.
-
-    Without counts the data splits into ``size`` equal blocks; without displs blocks lie back to back.
-    """
-    data, counts, displs, datatype = _vector_parts(spec, what)
-    elements, per = _elements(data, datatype, what, writable)
-    if counts is None:
-        counts = [elements.size // per // size] * size
-    elif isinstance(counts, (int, np.integer)):
-        counts = [int(counts)] * size
-    counts = [int(c) for c in counts]
-    displs = displacements(counts) if displs is None else [int(d) for d in displs]
-    if len(counts) != size or len(displs) != size:
-        raise ValueError(f"{what}: needs one count and displacement per rank ({size}), got {len(counts)} and {len(displs)}")
-    if any(c < 0 or d < 0 or (d + c) * per > elements.size for c, d in zip(counts, displs)):
-        raise ValueError(f"{what}: blocks (counts {counts}, displs {displs}) do not fit in its {elements.size // per} elements")
-    return elements, [c * per for c in counts], [d * per for d in displs]
-
-
-def _parts(spec, what: str) -> tuple:
-    """``(data, count, datatype)`` of a buffer argument; ``count`` may be ``(count, displ)`` or ``None``."""
-    if not isinstance(spec, (list, tuple)):
-        return spec, None, None
-    if not 1 <= len(spec) <= 3:
-        raise ValueError(f"{what}: a buffer argument is [data], [data, datatype] or [data, count, datatype], "
-                         f"got {len(spec)} items")
-    data, *rest = spec
-    datatype = rest.pop() if rest and _is_datatype(rest[-1]) else None
-    return data, (rest[0] if rest else None), datatype
-
-
-def _vector_parts(spec, what: str) -> tuple:
-    """``(data, counts, displs, datatype)`` of a vector buffer argument, ``None`` where not given."""
-    if not isinstance(spec, (list, tuple)):
-        return spec, None, None, None
-    data, *rest = spec
-    datatype = rest.pop() if rest and _is_datatype(rest[-1]) else None
-    if len(rest) == 1 and isinstance(rest[0], (tuple, list)) and len(rest[0]) == 2 \
-            and not isinstance(rest[0][0], (int, np.integer)):
-        rest = list(rest[0])  # [data, (counts, displs), ...]
-    if len(rest) > 2:
-        raise ValueError(f"{what}: a vector buffer argument is [data, counts, displs, datatype] or shorter, got {len(spec)} items")
-    counts, displs = (rest + [None, None])[:2]
-    return data, counts, displs, datatype
-
-
-def _is_datatype(x) -> bool:
-    return isinstance(x, (Datatype, str))
-
-
-def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, int]:
-    """The data as a flat array of the datatype's basic dtype, and how many make one element."""
-    arr = flat(as_array(data, what, writable))
-    if datatype is None:
-        return arr, 1
-    if isinstance(datatype, str):
-        datatype = datatype_of(datatype)
-    if arr.dtype != datatype.dtype:
-        if arr.nbytes % datatype.dtype.itemsize:
-            raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
-        arr = arr.view(np.uint8).view(datatype.dtype)
-    return arr, datatype.count

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from .. import objects, uneven
+from .collectives import check_root
 from .reductions import SUM
 
 
@@ -20,6 +21,7 @@ class ObjectCollectives:
         self.Barrier()
 
     def bcast(self, obj, root: int = 0):
+        root = check_root(root, self.process_group().size)
         box = [obj]
         objects.broadcast_object_list(box, root, self.process_group())
         return box[0]
@@ -27,6 +29,7 @@ class ObjectCollectives:
     def gather(self, sendobj, root: int = 0) -> list | None:
         """Every rank's object, in rank order, on ``root``; ``None`` elsewhere."""
         g = self.process_group()
+        root = check_root(root, g.size)
         out = [None] * g.size if g.rank == root else None
         objects.gather_object(sendobj, out, root, g)
         return out
@@ -34,6 +37,7 @@ class ObjectCollectives:
     def scatter(self, sendobj, root: int = 0):
         """Item r of ``root``'s list ``sendobj`` (ignored elsewhere) on rank r."""
         g = self.process_group()
+        root = check_root(root, g.size)
         box = [None]
         objects.scatter_object_list(box, list(sendobj) if g.rank == root else None, root, g)
         return box[0]

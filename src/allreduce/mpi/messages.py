@@ -1,0 +1,271 @@
+"""The point-to-point methods of a communicator, on buffers and on objects, and matched probes.
+
+Every send mode is the standard one (:mod:`.p2p`): ``Ssend``, ``Bsend`` and ``Rsend`` complete as
+``Send`` does, which every correct MPI program allows (a small message is on its way once handed to
+the kernel, a large one once its receive is posted). Persistent requests (``Send_init``,
+``Recv_init``) post a new operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
+whose ``Recv`` takes the probed message: the first message of that source and tag, which is the
+probed one while no other receive of the same source and tag is posted meanwhile.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from .. import objects
+from . import p2p
+from .bufferargs import simple
+from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
+
+
+class PointToPoint:
+    """Point-to-point methods of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
+
+    def _p2p(self):
+        group = self.process_group()
+        return group.p2p, group.size
+
+    # ---- buffers ---------------------------------------------------------------------------------
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send the buffer; returns once it is on its way (a large one: once its receive is posted)."""
+        self.Isend(buf, dest, tag).finish()
+
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start sending the buffer, which must not change until the request is done."""
+        return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
+
+    Ssend = Bsend = Rsend = Send
+    Issend = Ibsend = Irsend = Isend
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+        self.Irecv(buf, source, tag).finish(status)
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
+        return p2p.receive(*self._p2p(), simple(buf, "buf", True), source, tag, _nothing)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Send and receive at once: the receive is posted first, so a ring of them never deadlocks.
+        Both buffers are checked before either is posted, so a bad one leaves nothing pending."""
+        outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
+
+    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                         status: Status | None = None) -> None:
+        """Send the buffer and receive into it: the outgoing bytes are copied first."""
+        target = simple(buf, "buf", True)
+        outgoing = target.copy()
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
+
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        """``Sendrecv_replace`` started: the outgoing bytes are copied first."""
+        target = simple(buf, "buf", True)
+        outgoing = target.copy()  # before the receive may write into it
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
+
+    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                  recvtag: int = ANY_TAG) -> Request:
+        """``Sendrecv`` started: the request completes when both halves have."""
+        outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
+
+    def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send: each ``Start`` sends the buffer's contents at that time."""
+        return Prequest(lambda: self.Isend(buf, dest, tag))
+
+    Ssend_init = Bsend_init = Rsend_init = Send_init
+
+    def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        return Prequest(lambda: self.Irecv(buf, source, tag))
+
+    # ---- objects ---------------------------------------------------------------------------------
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).finish()
+
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        objects.check_trusted(self.process_group(), "send/isend of an object")
+        return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
+
+    ssend = bsend = send
+    issend = ibsend = isend
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
+        """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
+        return self.irecv(buf, source, tag).finish(status)
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        objects.check_trusted(self.process_group(), "recv/irecv of an object")
+        return p2p.receive(*self._p2p(), None, source, tag, _unpickled)
+
+    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None):
+        payload = np.frombuffer(pickle.dumps(sendobj, pickle.HIGHEST_PROTOCOL), np.uint8)
+        receiving = self.irecv(recvbuf, source, recvtag)
+        return p2p.exchange(receiving, _sent(self, receiving, payload, dest, sendtag), status)
+
+    # ---- probes ----------------------------------------------------------------------------------
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Wait until a message from ``source`` with ``tag`` can be received; describe it in ``status``."""
+        found = p2p.probe(*self._p2p(), source, tag, block=True)
+        if status is not None:
+            status.fill(*found)
+        return True
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        found = p2p.probe(*self._p2p(), source, tag, block=False)
+        if found is not None and status is not None:
+            status.fill(*found)
+        return found is not None
+
+    probe, iprobe = Probe, Iprobe
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message":
+        """Wait for a message as ``Probe`` does, and return it as a ``Message`` to receive."""
+        found = p2p.probe(*self._p2p(), source, tag, block=True)
+        if status is not None:
+            status.fill(*found)
+        return Message.of(self, found)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message | None":
+        found = p2p.probe(*self._p2p(), source, tag, block=False)
+        if found is None:
+            return None
+        if status is not None:
+            status.fill(*found)
+        return Message.of(self, found)
+
+    mprobe = Mprobe
+    improbe = Improbe
+
+
+def _sent(comm, receiving: Request, payload: np.ndarray, dest: int, tag: int) -> Request:
+    """The send half of a send-receive whose receive is posted: if the send cannot start (a bad
+    ``dest`` or tag), the receive is withdrawn too, so no later message is taken by it."""
+    try:
+        return p2p.send(*comm._p2p(), payload, dest, tag)
+    except BaseException as exc:
+        receiving.interrupted(exc)
+        raise
+
+
+class _Both(Request):
+    """The request of a started send-receive: done when its receive and its send are."""
+
+    def __init__(self, receiving: Request, sending: Request):
+        super().__init__(active=True)
+        self._parts = receiving, sending
+
+    def _complete(self, block: bool, status: Status | None, blocking: bool = False) -> bool:
+        receiving, sending = self._parts
+        if not block and not (Request.Get_status(receiving) and Request.Get_status(sending)):
+            return False
+        receiving._complete(True, status, blocking)
+        sending._complete(True, None, blocking)
+        self._active = False
+        return True
+
+
+class Message:
+    """A probed message (``Mprobe``/``Improbe``), received once by ``Recv``/``Irecv``/``recv``/``irecv``.
+    ``Message()`` is ``MESSAGE_NULL``; a probe of ``PROC_NULL`` gives ``MESSAGE_NO_PROC``."""
+
+    def __init__(self, message: "Message | None" = None):
+        if isinstance(message, Message):
+            self._comm, self._envelope, self._no_proc = message._comm, message._envelope, message._no_proc
+        else:
+            self._comm, self._envelope, self._no_proc = None, None, False
+
+    @classmethod
+    def of(cls, comm, envelope: tuple[int, int, int]) -> "Message":
+        if envelope[0] == PROC_NULL:
+            return MESSAGE_NO_PROC
+        made = cls()
+        made._comm, made._envelope = comm, envelope
+        return made
+
+    def __bool__(self) -> bool:
+        return self._envelope is not None or self._no_proc
+
+    def __reduce__(self):
+        for predefined in (MESSAGE_NULL, MESSAGE_NO_PROC):
+            if self is predefined:
+                return _predefined, (predefined._no_proc,)
+        if self._envelope is None:
+            return Message, (MESSAGE_NO_PROC if self._no_proc else MESSAGE_NULL,)
+        raise ValueError("cannot pickle a probed message: it can only be received where it was probed")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        if self._envelope is not None or other._envelope is not None:
+            return self is other
+        return self._no_proc == other._no_proc
+
+    __hash__ = object.__hash__
+
+    def _take(self):
+        """``(comm, source, tag)`` of the message, which is then consumed."""
+        if self._no_proc:
+            if self is not MESSAGE_NO_PROC:  # a copy is consumed, the constant stays
+                self._no_proc = False
+            return None, PROC_NULL, ANY_TAG
+        if self._envelope is None:
+            raise ValueError("MPI.MESSAGE_NULL holds no message to receive")
+        comm, (source, tag, _), self._envelope = self._comm, self._envelope, None
+        return comm, source, tag
+
+    def Recv(self, buf, status: Status | None = None) -> None:
+        self.Irecv(buf).finish(status)
+
+    def Irecv(self, buf) -> Request:
+        comm, source, tag = self._take()
+        if comm is None:
+            return Request(None, None, (PROC_NULL, ANY_TAG, 0))
+        return comm.Irecv(buf, source, tag)
+
+    def recv(self, status: Status | None = None):
+        return self.irecv().finish(status)
+
+    def irecv(self) -> Request:
+        comm, source, tag = self._take()
+        if comm is None:
+            return Request(None, lambda: None, (PROC_NULL, ANY_TAG, 0))
+        return comm.irecv(None, source, tag)
+
+    @classmethod
+    def probe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message":
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def iprobe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
+        return comm.Improbe(source, tag, status)
+
+    Probe, Iprobe = probe, iprobe
+
+
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = Message()
+MESSAGE_NO_PROC._no_proc = True
+
+
+def _predefined(no_proc: bool) -> Message:
+    return MESSAGE_NO_PROC if no_proc else MESSAGE_NULL
+
+
+def _nothing(payload) -> None:
+    return None
+
+
+def _unpickled(payload):
+    return None if payload is None else pickle.loads(payload)

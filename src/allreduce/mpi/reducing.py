@@ -1,0 +1,194 @@
+"""mpi4py's upper-case reductions on buffers (``Allreduce``, ``Reduce``, ``Reduce_scatter(_block)``,
+``Scan``, ``Exscan``), blocking and not.
+
+A predefined op runs the library's reduction: ``Allreduce``/``Reduce``/``Reduce_scatter_block`` start
+it with ``async_op=True`` (the request completes in the group's progress); ``Reduce_scatter``
+with uneven counts pads every block to the largest; ``Scan`` and ``Exscan``, which the library
+lacks, all-gather the inputs and combine them in rank order on each rank. A user op
+(``Op.Create``), ``REPLACE`` or ``NO_OP`` all-gathers the inputs too and folds them in rank order,
+so a non-commutative op sees its operands in order. Those run at once; their nonblocking forms
+return a completed request. ``MPI.IN_PLACE`` (or ``None``): the receive buffer holds this rank's
+input (at the root, or the whole input of a reduce-scatter).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import api, uneven
+from ..ops import check_op, kernel
+from .collectives import check_root, done, in_place, split
+from .bufferargs import blocked, datatype_argument, simple
+from .reductions import SUM, Op
+from .requests import Request
+
+
+class Reductions:
+    """The reductions of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
+
+    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+
+    def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        """Start an all-reduce; the result is in ``recvbuf`` once the request completes."""
+        g = self.process_group()
+        recv = simple(recvbuf, "recvbuf", True)
+        send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        if op.native is None:
+            np.copyto(recv, _folded(g, op, send, recvbuf)[-1], casting="unsafe")
+            return done()
+        work, write_back = _staged(op, send, recv, g.size)
+        return Request(api.all_reduce(work, op.for_buffers(), g, async_op=True), write_back)
+
+    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
+        self.Ireduce(sendbuf, recvbuf, op, root).Wait()
+
+    def Ireduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> Request:
+        g = self.process_group()
+        root = check_root(root, g.size)
+        recv = simple(recvbuf, "recvbuf", True) if g.rank == root else None
+        if in_place(sendbuf) and recv is None:
+            raise ValueError("MPI.IN_PLACE is only valid at the root of a Reduce")
+        send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        if op.native is None:
+            rows = _folded(g, op, send, recvbuf if recv is not None else sendbuf)
+            if recv is not None:
+                np.copyto(recv, rows[-1], casting="unsafe")
+            return done()
+        work, write_back = _staged(op, send, recv, g.size)
+        return Request(api.reduce(work, root, op.for_buffers(), g, async_op=True), write_back)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        """Reduce ``size`` blocks across ranks; rank r receives block r (in place: ``recvbuf`` holds
+        every block and block r of the result lands at its start)."""
+        g = self.process_group()
+        if in_place(sendbuf):
+            whole = blocked(recvbuf, g.size, "recvbuf", True)
+            send, recv = whole.copy(), split(whole, g.size)[0]
+        else:
+            recv = simple(recvbuf, "recvbuf", True)
+            send = blocked(sendbuf, g.size, "sendbuf", False)
+        if send.size != recv.size * g.size:
+            raise ValueError(f"sendbuf has {send.size} elements; {g.size} blocks of recvbuf's {recv.size} need "
+                             f"{recv.size * g.size}")
+        if op.native is None:
+            np.copyto(recv, split(_folded(g, op, send, recvbuf)[-1], g.size)[g.rank], casting="unsafe")
+            return done()
+        operand = _operand(op, send, g.size)
+        out = recv if recv.dtype == operand.dtype else np.empty(recv.size, operand.dtype)
+        started = api.reduce_scatter_tensor(out, operand if operand is not send else send.copy(), op.for_buffers(),
+                                            g, async_op=True)
+        return Request(started, None if out is recv else (lambda: np.copyto(recv, out, casting="unsafe")))
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op: Op = SUM) -> None:
+        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op: Op = SUM) -> Request:
+        """Reduce ``sendbuf`` across ranks; rank r keeps ``recvcounts[r]`` elements of the result (from
+        the start of ``recvbuf``). Without ``recvcounts`` each rank keeps as many as its ``recvbuf``
+        holds (the counts are all-gathered); in place, ``recvbuf`` holds the whole input."""
+        g = self.process_group()
+        recv = simple(recvbuf, "recvbuf", True)
+        send = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        if recvcounts is None:
+            own = np.array([recv.size if not in_place(sendbuf) else -1], np.int64)
+            everyone = np.empty(g.size, np.int64)
+            api.all_gather_into_tensor(everyone, own, g)
+            counts = [int(c) for c in everyone]
+            if min(counts) < 0:
+                raise ValueError("Reduce_scatter with MPI.IN_PLACE needs recvcounts (recvbuf holds the whole input)")
+        else:
+            counts = [int(c) for c in recvcounts]
+        if len(counts) != g.size or send.size != sum(counts):
+            raise ValueError(f"sendbuf has {send.size} elements; recvcounts {counts} need one count per rank "
+                             f"({g.size}) summing to it")
+        start = uneven.displacements(counts)[g.rank]
+        if op.native is None:
+            total = _folded(g, op, send, recvbuf)[-1]
+            np.copyto(recv[:counts[g.rank]], total[start:start + counts[g.rank]], casting="unsafe")
+            return done()
+        block = max(counts, default=0)
+        operand = _operand(op, send, g.size)
+        padded = np.zeros(g.size * block, operand.dtype)
+        for r, (count, begin) in enumerate(zip(counts, uneven.displacements(counts))):
+            padded[r * block:r * block + count] = operand[begin:begin + count]
+        result = np.empty(block, padded.dtype)
+        api.reduce_scatter_tensor(result, padded, op.for_buffers(), g)
+        np.copyto(recv[:counts[g.rank]], result[:counts[g.rank]], casting="unsafe")
+        return done()
+
+    def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        self.Iscan(sendbuf, recvbuf, op).Wait()
+
+    def Iscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        self._prefix(sendbuf, recvbuf, op, inclusive=True)
+        return done()
+
+    def Exscan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Like ``Scan`` without this rank's own input; ``recvbuf`` of rank 0 is left as it was."""
+        self.Iexscan(sendbuf, recvbuf, op).Wait()
+
+    def Iexscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        self._prefix(sendbuf, recvbuf, op, inclusive=False)
+        return done()
+
+    def _prefix(self, sendbuf, recvbuf, op: Op, inclusive: bool) -> None:
+        g = self.process_group()
+        recv = simple(recvbuf, "recvbuf", True)
+        mine = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        if mine.size != recv.size:
+            raise ValueError(f"mismatch in send count {mine.size} and receive count {recv.size}")
+        everyone = _gathered(g, mine)[:g.rank + inclusive]
+        if len(everyone) == 0:
+            return
+        if op.native is None:
+            total = op.fold(list(everyone), datatype_argument(recvbuf, recv.dtype))
+        else:
+            dtype = _operand(op, mine, 2).dtype
+            combine = kernel(check_op(op.for_buffers(), dtype), dtype)
+            total = everyone[0]
+            for row in everyone[1:]:
+                total = combine(_operand(op, total, 2), _operand(op, row, 2))
+        np.copyto(recv, total, casting="unsafe")
+
+
+def _gathered(g, mine: np.ndarray) -> np.ndarray:
+    """Every rank's ``mine``, one row per rank in rank order."""
+    everyone = np.empty(g.size * mine.size, mine.dtype)
+    api.all_gather_into_tensor(everyone, np.ascontiguousarray(mine), g)
+    return everyone.reshape(g.size, mine.size)
+
+
+def _folded(g, op: Op, send: np.ndarray, spec) -> list[np.ndarray]:
+    """``[result]``: every rank's ``send`` folded in rank order by a user op (or REPLACE, NO_OP)."""
+    rows = _gathered(g, send)
+    return [op.fold(list(rows), datatype_argument(spec, send.dtype))]
+
+
+def _operand(op: Op, values: np.ndarray, operands: int) -> np.ndarray:
+    """What a reduction of ``operands`` inputs combines: ``values``, or for the logical ops whether each
+    is nonzero. A single input passes through unchanged, as in MPI, where nothing combines it."""
+    return values != 0 if op.logical and operands > 1 else values
+
+
+def _staged(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
+    """``(work, write_back)``: an array holding ``send`` for ``op`` to reduce in place over ``size``
+    ranks, and what copies the result into ``recv`` afterwards (``None`` when ``work`` is ``recv`` or
+    there is no ``recv``).
+
+    Raises:
+        ValueError: ``send`` and ``recv`` hold different counts (as mpi4py, before anything is sent:
+            a copy would broadcast one element over the receive buffer).
+    """
+    if recv is not None and send.size != recv.size:
+        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
+    operand = _operand(op, send, size)
+    if recv is not None and recv.dtype == operand.dtype:
+        if operand is not recv:
+            np.copyto(recv, operand)
+        return recv, None
+    work = operand.copy() if operand is send or operand is recv else operand
+    return work, (None if recv is None else lambda: np.copyto(recv, work, casting="unsafe"))
