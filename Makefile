@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
+.PHONY: demo test native bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,17 @@ demo: $(STAMP)
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/train.py --epochs 3
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 4M -f 8 --iters 10 --warmup 2 --algorithm ring,tree
 
-test: $(STAMP)
+# The compiled engine (src/allreduce/native/*.c), rebuilt in place when its sources change; `pip install`
+# builds it too. Without a C compiler the build says so and the suite runs on the Python engine alone.
+NATIVE_SOURCES := $(wildcard src/allreduce/native/*.c src/allreduce/native/*.h) setup.py
+NATIVE_STAMP := $(VENV)/.native-built
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	$(PY) setup.py --quiet build_ext --inplace
+	touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
+test: $(STAMP) $(NATIVE_STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
