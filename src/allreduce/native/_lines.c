@@ -19,7 +19,11 @@
  *
  * Waiting (see await_one): spin with `pause` while a rank is expected soon, then yield, then sleep on a
  * futex on the awaited line's number with this rank's sleeping flag raised; a poster wakes the
- * sleepers it sees flagged. "Expected soon" is read from the peer itself: the time of its last post.
+ * sleepers it sees flagged. "Expected soon" is read from the peer itself: a peer still inside its
+ * call (it posted after it last returned: it is reading, folding, or was woken and waits for a core)
+ * posts next as soon as it runs; one that returned within awake_s is in a loop of calls. A late call
+ * changes nothing for the next one: no state of this rank's decides, so no wait can push later
+ * waits into sleeping (a rank that slept returns, and so is expected again, right after).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,7 +41,7 @@
 #include "kernels.h"
 
 /* transport/shm/layout.py, in words of the lines area and of a line (checked by the tests: LAYOUT) */
-enum { LINE_SLEEPING = 0, LINE_POSTED = 1, LINES_FIRST = 64 };
+enum { LINE_SLEEPING = 0, LINE_POSTED = 1, LINE_RETURNED = 2, LINES_FIRST = 64 };
 enum { LINE_NUMBER = 0, LINE_CALL = 1, LINE_PRINT = 2, LINE_HEADER_AT = 24, LINE_PAYLOAD_AT = 64, HEADER_SIZE = 40 };
 
 /* what a plan runs */
@@ -47,12 +51,14 @@ enum { DONE = 0, WAITING = 1, MISMATCH = 2 };
 /* where a run stands */
 enum { SEND, WAIT, WAIT_FOLDS, OVER };
 
-static inline double now_s(void)
+static inline int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+static inline double now_s(void) { return (double)now_ns() * 1e-9; }
 
 static inline int64_t load(volatile int64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 static inline void store(volatile int64_t *word, int64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
@@ -157,9 +163,7 @@ static void post(Lines *L, int64_t number, int64_t call, int64_t fingerprint, co
         *word_of(line, LINE_PRINT) = fingerprint;
     }
     *word_of(line, LINE_CALL) = call;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    *word_of(L->areas[L->rank], LINE_POSTED) = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    store(word_of(L->areas[L->rank], LINE_POSTED), now_ns());
     store(word_of(line, LINE_NUMBER), number);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* the number is out before the flags are read */
     for (int r = 0; r < L->size; r++)
@@ -169,17 +173,20 @@ static void post(Lines *L, int64_t number, int64_t call, int64_t fingerprint, co
         }
 }
 
-/* Whether `rank` is expected soon: it posted (a round of this call or the last call) within awake_s. */
+/* Whether `rank` is expected soon: it is inside its call (posted since it last returned), or it
+ * returned within awake_s (see the file's opening comment). */
 static int expected(Lines *L, int rank, double now)
 {
-    double posted = (double)load(word_of(L->areas[rank], LINE_POSTED)) * 1e-9;
-    return now - posted < L->awake_s;
+    char *area = L->areas[rank];
+    int64_t posted = load(word_of(area, LINE_POSTED)), returned = load(word_of(area, LINE_RETURNED));
+    return posted > returned || now - (double)returned * 1e-9 < L->awake_s;
 }
 
 /* Wait until `rank`'s line shows `number`, from a wait that began at `began`, until `until`.
  * Returns 1 once it does, 0 at `until`, -1 when a signal interrupted a sleep (called without the GIL).
  * Spin while every rank has a core and the wait is young or the peer is expected soon; yield the core
- * while the wait is young or the peer expected, where spinning would keep it from the peer; then sleep. */
+ * instead where the group's ranks outnumber the cores (spinning would keep it from the peer), and while
+ * the wait is younger than yield_s; then sleep. */
 static int await_one(Lines *L, int rank, int64_t number, double began, double until)
 {
     volatile int64_t *theirs = word_of(line_of(L, number, rank), LINE_NUMBER);
@@ -193,7 +200,10 @@ static int await_one(Lines *L, int rank, int64_t number, double began, double un
         double now = now_s(), elapsed = now - began;
         if (now >= until)
             return 0;
-        int young = elapsed < L->spin_s, soon = young || expected(L, rank, now);
+        int young = elapsed < L->spin_s;
+        if (young && !L->crowded)
+            continue;
+        int soon = young || expected(L, rank, now);
         if (soon && !L->crowded)
             continue;
         if (soon || elapsed < L->yield_s) {
@@ -436,6 +446,8 @@ static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double 
             until = p->deadline;
         state = p->per_line ? step_chunked(p, data.buf, until) : step_once(p, data.buf, out.buf, until);
         Py_END_ALLOW_THREADS
+        if (state == DONE)  /* peers waiting for this rank's next call read when it left this one */
+            store(word_of(L->areas[L->rank], LINE_RETURNED), now_ns());
         if (state >= 0)
             break;
         if (PyErr_CheckSignals() < 0) {  /* a signal's handler raised (KeyboardInterrupt, say) */
@@ -599,7 +611,8 @@ PyMODINIT_FUNC PyInit__lines(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyObject *layout = Py_BuildValue("{sisisisisisisisi}", "LINE_SLEEPING", LINE_SLEEPING, "LINE_POSTED", LINE_POSTED,
+    PyObject *layout = Py_BuildValue("{sisisisisisisisisi}", "LINE_SLEEPING", LINE_SLEEPING, "LINE_POSTED", LINE_POSTED,
+                                     "LINE_RETURNED", LINE_RETURNED,
                                      "LINES_FIRST", LINES_FIRST, "LINE_NUMBER", LINE_NUMBER, "LINE_CALL", LINE_CALL,
                                      "LINE_PRINT", LINE_PRINT, "LINE_HEADER_AT", LINE_HEADER_AT,
                                      "LINE_PAYLOAD_AT", LINE_PAYLOAD_AT);
