@@ -1,9 +1,12 @@
 """Running a test module on both engines: ``pytestmark = engines.BOTH`` in a module of forked-rank tests
 runs each of its tests once per engine (``ALLREDUCE_ENGINE=python``, then ``native``), the ranks
 inheriting the variable; the native run is skipped, saying why, where the compiled engine is not
-built. A test about one engine's internals narrows it: ``@engines.only("python")``."""
+built. A test about one engine's internals narrows it: ``@engines.only("python")``. ``TEST_ENGINES``
+(a comma list) narrows every marked test to those engines (``make asan`` runs the native ones)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -31,8 +34,11 @@ def parametrize(metafunc) -> None:
     if mark is None:
         return
     missing = _missing()
+    wanted = os.environ.get("TEST_ENGINES", ",".join(NAMES)).split(",")
     params = [pytest.param(name, marks=pytest.mark.skip(reason=missing) if name == "native" and missing else ())
-              for name in mark.args]
+              for name in mark.args if name in wanted]
+    if not params:
+        params = [pytest.param(None, marks=pytest.mark.skip(reason="not on the engines TEST_ENGINES names"))]
     metafunc.parametrize("engine", params, indirect=True)
 
 
