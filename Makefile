@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
+.PHONY: demo test native asan fuzz bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,34 @@ demo: $(STAMP)
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/train.py --epochs 3
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 4M -f 8 --iters 10 --warmup 2 --algorithm ring,tree
 
-test: $(STAMP)
+# The compiled engine (src/allreduce/native/*.c), rebuilt in place when its sources change; `pip install`
+# builds it too. Without a C compiler the build says so and the suite runs on the Python engine alone.
+NATIVE_SOURCES := $(wildcard src/allreduce/native/*.c src/allreduce/native/*.h) setup.py
+NATIVE_STAMP := $(VENV)/.native-built
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	$(PY) setup.py --quiet build_ext --inplace
+	touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
+test: $(STAMP) $(NATIVE_STAMP)
 	$(PY) -m pytest -q
+
+# The compiled engine built with AddressSanitizer (gcc's libasan preloaded into Python), then the native
+# tests (the reader's fuzz included) and the lines' collective and fault tests on it; then the usual build
+# again. A memory error aborts the rank that made it, and its test fails.
+ASAN_TESTS := tests/native tests/collectives/test_small_messages.py tests/collectives/test_chunked_lines.py \
+	tests/faults/test_mismatch.py
+asan: $(STAMP)
+	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" LDFLAGS="-fsanitize=address" \
+	  $(PY) setup.py --quiet build_ext --inplace --force --build-temp build/asan
+	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 TEST_ENGINES=native \
+	  $(PY) -m pytest -q -p no:cacheprovider $(ASAN_TESTS); \
+	status=$$?; $(PY) setup.py --quiet build_ext --inplace --force && touch $(NATIVE_STAMP); exit $$status
+
+# The lines' reader fuzzed longer than the suite does (tests/native/test_fuzz_lines.py).
+fuzz: $(STAMP) $(NATIVE_STAMP)
+	LINES_FUZZ_ROUNDS=500000 $(PY) -m pytest -q -p no:cacheprovider tests/native/test_fuzz_lines.py
 
 bench: $(STAMP)
 	$(VENV)/bin/allreduce bench -n 2 -b 8 -e 64M -f 4 --algorithm ring,tree

@@ -3,6 +3,8 @@
     python benchmarks/compare.py                       # 2 and 4 ranks, 8 B .. 64 MiB, 3 rounds
     python benchmarks/compare.py -n 2 --sizes 8,64K,1M,16M,64M --rounds 5
     python benchmarks/compare.py --variant cma:ALLREDUCE_SHM_STAGED_MAX=0   # a second allreduce setting
+    python benchmarks/compare.py -n 2 --sizes 8,64K --busy 1 --variant python:ALLREDUCE_ENGINE=python
+                                                       # beside a busy process, both engines
 
 Every system runs the same float32 SUM all-reduce sweep; the systems take turns round by round (so a
 noisy minute hurts all of them alike) and each size keeps the median of its rounds. The table gives
@@ -251,6 +253,8 @@ def main(argv=None) -> int:
                         help="also run allreduce with these environment variables, as column allreduce-NAME")
     parser.add_argument("--plot", default="out/compare.png", help="PNG path ('' for none)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--busy", type=int, default=0,
+                        help="run beside this many busy processes (`while 1: pass` each): a shared machine")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, [int(s) for s in args.sizes.split(",")])
@@ -274,6 +278,19 @@ def main(argv=None) -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, load average {load()} (1/5/15 min); "
           f"memory copy {memory_bandwidth():.1f} GB/s; loopback TCP {loopback_tcp():.2f} GB/s (one stream)")
     print(f"# {sys.executable} {' '.join(sys.argv)}")
+    if args.busy:
+        print(f"# beside {args.busy} busy process(es), started now and stopped at the end")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.busy)]
+    try:
+        return _compare(args, sizes, runs)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _compare(args, sizes: list[int], runs: dict[str, tuple[str, dict]]) -> int:
+    """Every round of every column, then the tables (and the plot)."""
     per_n = {}
     for n in [int(v) for v in args.ranks.split(",")]:
         rounds: dict[str, list] = {column: [] for column in runs}

@@ -7,11 +7,14 @@ before its first run and reused for every later call of that shape. The group on
 - :class:`ScheduleEngine` (:mod:`.schedules`) runs a registered algorithm's schedule step by step over
   any transport;
 - :class:`LinesEngine` (:mod:`.lines`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
-  shared-memory lines of a group whose ranks share one host.
+  shared-memory lines of a group whose ranks share one host;
+- :class:`NativeLinesEngine` (:mod:`.native_lines`) runs the same plans in C, one call per run with the
+  GIL released (``allreduce.native._lines``), where the extension was built.
 
 Which engine plans a call follows from the algorithm the plan chose (an entry that runs on the lines,
-where the transport has them), never from probing objects. A compiled engine implements the same two
-methods: ``plan(entry, call, options)`` and ``close()``.
+where the transport has them), never from probing objects; whether the lines run in C follows from
+``ALLREDUCE_ENGINE`` and the build. Every engine implements the same two methods:
+``plan(entry, call, options)`` and ``close()``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from ..algorithms import Algorithm
 from .call import Call, reworded
 from .lines import LinesEngine
+from .native_lines import NativeLinesEngine
 from .schedules import ScheduleEngine
 
 
@@ -51,4 +55,4 @@ class Engine(Protocol):
         """Drop what the planned calls hold of the transport (views of shared memory)."""
 
 
-__all__ = ["Call", "Engine", "LinesEngine", "Planned", "ScheduleEngine", "reworded"]
+__all__ = ["Call", "Engine", "LinesEngine", "NativeLinesEngine", "Planned", "ScheduleEngine", "reworded"]

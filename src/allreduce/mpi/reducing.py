@@ -1,8 +1,9 @@
 """mpi4py's upper-case reductions on buffers (``Allreduce``, ``Reduce``, ``Reduce_scatter(_block)``,
 ``Scan``, ``Exscan``), blocking and not.
 
-A predefined op runs the library's reduction: ``Allreduce``/``Reduce``/``Reduce_scatter_block`` start
-it with ``async_op=True`` (the request completes in the group's progress); ``Reduce_scatter``
+A predefined op runs the library's reduction: ``Allreduce`` in the caller's thread,
+``Iallreduce``/``Reduce``/``Reduce_scatter_block`` with ``async_op=True`` (the request completes in the
+group's progress); ``Reduce_scatter``
 with uneven counts pads every block to the largest; ``Scan`` and ``Exscan``, which the library
 lacks, all-gather the inputs and combine them in rank order on each rank. A user op
 (``Op.Create``), ``REPLACE`` or ``NO_OP`` all-gathers the inputs too and folds them in rank order,
@@ -27,10 +28,15 @@ class Reductions:
     """The reductions of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
 
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+        """All-reduce in the caller's thread: a blocking call of a shape already run costs what the numpy
+        API's costs (no request, no hand-off to the progress thread)."""
+        self._allreduce(sendbuf, recvbuf, op, async_op=False)
 
     def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
         """Start an all-reduce; the result is in ``recvbuf`` once the request completes."""
+        return self._allreduce(sendbuf, recvbuf, op, async_op=True)
+
+    def _allreduce(self, sendbuf, recvbuf, op: Op, async_op: bool) -> Request:
         g = self.process_group()
         recv = simple(recvbuf, "recvbuf", True)
         send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
@@ -38,7 +44,12 @@ class Reductions:
             np.copyto(recv, _folded(g, op, send, recvbuf)[-1], casting="unsafe")
             return done()
         work, write_back = _staged(op, send, recv, g.size)
-        return Request(api.all_reduce(work, op.for_buffers(), g, async_op=True), write_back)
+        started = api.all_reduce(work, op.for_buffers(), g, async_op=async_op)
+        if async_op:
+            return Request(started, write_back)
+        if write_back is not None:
+            write_back()
+        return done()
 
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
         self.Ireduce(sendbuf, recvbuf, op, root).Wait()
