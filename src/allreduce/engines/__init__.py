@@ -11,7 +11,8 @@ before its first run and reused for every later call of that shape. The group on
 
 Which engine plans a call follows from the algorithm the plan chose (an entry that runs on the lines,
 where the transport has them), never from probing objects. A compiled engine implements the same two
-methods: ``plan(entry, call, options)`` and ``close()``.
+methods: ``plan(entry, call, options)`` and ``close()``; :class:`NativeTcpEngine` (:mod:`.native_tcp`)
+runs the schedules of a group on plain TCP links that way (:func:`schedule_engine` picks it).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .. import native
 from ..algorithms import Algorithm
+from ..settings import Settings
 from .call import Call, reworded
 from .lines import LinesEngine
+from .native_tcp import NativeTcpEngine, engine_for
 from .schedules import ScheduleEngine
 
 
@@ -51,4 +55,16 @@ class Engine(Protocol):
         """Drop what the planned calls hold of the transport (views of shared memory)."""
 
 
-__all__ = ["Call", "Engine", "LinesEngine", "Planned", "ScheduleEngine", "reworded"]
+def schedule_engine(transport, settings: Settings) -> Engine:
+    """The engine that runs a group's schedules on ``transport``: the compiled one where ``settings``
+    allow it (``ALLREDUCE_ENGINE``) and every link is plain TCP, else the Python one.
+
+    Raises:
+        ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine was not built.
+    """
+    module, _ = native.chosen("tcp", settings)
+    return engine_for(transport, module) or ScheduleEngine(transport)
+
+
+__all__ = ["Call", "Engine", "LinesEngine", "NativeTcpEngine", "Planned", "ScheduleEngine", "reworded",
+           "schedule_engine"]

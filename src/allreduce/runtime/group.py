@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from ..engines import LinesEngine, ScheduleEngine
+from ..engines import LinesEngine, schedule_engine
 from ..errors import AllreduceError, Interrupted, Mismatch
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
@@ -80,7 +80,7 @@ class ProcessGroup:
         self.transport = transport
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None
-        self._choice = Choice(size, name, self.topology, intra, self.settings, ScheduleEngine(transport),
+        self._choice = Choice(size, name, self.topology, intra, self.settings, schedule_engine(transport, self.settings),
                               LinesEngine(lines) if lines is not None else None,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
         self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
