@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
+.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,19 @@ netns-bench: $(STAMP)
 # (network namespaces, root only; skipped otherwise), at random moments; about 15 minutes on two cores.
 campaign: $(STAMP)
 	$(PY) benchmarks/reliability_campaign.py --kills 200 --stops 30 --cuts 12 --seed 1
+
+# The compiled engine's frame header parser under libFuzzer, with ASan and UBSan, for FUZZ_SECONDS
+# (default 300); the suite runs it for a few seconds. Needs clang (apt-get install clang): skips,
+# saying so, where it is missing.
+FUZZ_SECONDS ?= 300
+FUZZ_DIR := build/fuzz
+fuzz:
+	@if ! command -v clang >/dev/null 2>&1; then \
+	  echo "make fuzz: skipped: clang is not installed (apt-get install clang)"; exit 0; fi; \
+	mkdir -p $(FUZZ_DIR)/corpus && \
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc/allreduce/native \
+	  fuzz/frame_header.c src/allreduce/native/frames.c -o $(FUZZ_DIR)/frame_header && \
+	$(FUZZ_DIR)/frame_header -max_total_time=$(FUZZ_SECONDS) -max_len=128 -print_final_stats=1 $(FUZZ_DIR)/corpus
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .hypothesis

@@ -93,13 +93,18 @@ def test_runs_refuse_buffers_smaller_than_their_spans_or_read_only():
         # one step: copy 8 bytes of data into out, send nothing
         plan = _plan([1, 0, 1, 0, 0, 0, 0, 1, 0, 8, -1, 0], fds=(-1, a))
         small, ok = np.zeros(1, np.float32), np.zeros(2, np.float32)
+        with pytest.raises(TypeError, match="bind"):
+            plan.run({"data": ok, "out": ok}, 0, 1.0, None, 1.0)
+        plan.bind((ok, ok))
         with pytest.raises(ValueError, match="smaller"):
-            plan.run((ok, small, ok, ok), 0, 1.0, None, 1.0)
+            plan.run({"data": ok, "out": small}, 0, 1.0, None, 1.0)
+        with pytest.raises(ValueError, match="smaller"):
+            plan.run({"data": ok}, 0, 1.0, None, 1.0)
         read_only = np.zeros(2, np.float32)
         read_only.flags.writeable = False
         with pytest.raises(ValueError, match="read-only"):
-            plan.run((ok, read_only, ok, ok), 0, 1.0, None, 1.0)
-        assert plan.run((np.arange(2, dtype=np.float32), ok, ok, ok), 0, 1.0, None, 1.0) is None
+            plan.run({"data": ok, "out": read_only}, 0, 1.0, None, 1.0)
+        assert plan.run({"data": np.arange(2, dtype=np.float32), "out": ok}, 0, 1.0, None, 1.0) is None
         assert ok.tolist() == [0.0, 1.0]
     finally:
         os.close(a)

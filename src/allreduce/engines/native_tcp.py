@@ -31,7 +31,6 @@ from ..transport.tcp import TcpTransport, aborted, lost, stalled, unexpected
 from .call import Call, reworded
 from .schedules import Scratch, schedule_for, steps_of
 
-_EMPTY = np.empty(0, np.uint8)
 _BUFFERS = ("data", "out", "tmp")
 SPIN_S = 50e-6  # seconds a rank retries at once after the last byte moved, before it sleeps in poll  # the first entries of a run's buffer table; the staging buffers follow
 
@@ -59,7 +58,7 @@ class NativeTcpEngine:
 class NativeScheduled:
     """A call shape planned on the compiled engine: its program, and the buffers it runs on."""
 
-    __slots__ = ("engine", "call", "schedule", "ufunc", "_plan", "_stages", "_tmp", "_table", "_grown", "_running")
+    __slots__ = ("engine", "call", "schedule", "ufunc", "_plan", "_stages", "_tmp", "_grown")
 
     def __init__(self, engine: NativeTcpEngine, call: Call, schedule: Schedule):
         self.engine, self.call, self.schedule = engine, call, schedule
@@ -69,28 +68,24 @@ class NativeScheduled:
         template = wire.encode(call.headers(0)(0, 0))
         self._plan = engine.module.Plan(engine.descriptors, program, template, len(_BUFFERS) + len(self._stages),
                                         call.dtype.itemsize, int(call.op), template[5], self._fold, engine.spin)
-        self._grown = -1  # the scratch's growth count when _table was taken
-        self._table: tuple = ()
-        self._running: tuple = ()  # the buffers of the run in progress, for the Python fold
+        self._grown = -1  # the scratch's growth count when the plan was last bound to it
 
     def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         scratch = self.engine.scratch
-        if self._grown != scratch.grown:
-            self._table = (scratch.tmp(self._tmp), *(scratch.stage(slot, n) for slot, n in enumerate(self._stages)))
+        if self._grown != scratch.grown:  # another call shape grew it: take the new buffers
+            self._plan.bind((scratch.tmp(self._tmp), *(scratch.stage(slot, n) for slot, n in enumerate(self._stages))))
             self._grown = scratch.grown
-        self._running = table = (buffers.get("data", _EMPTY), buffers.get("out", _EMPTY), *self._table)
-        why = self._plan.run(table, seq, float(timeout), idle, float(idle_every))
-        self._running = ()  # no reference to the caller's arrays outlives the call
+        why = self._plan.run(buffers, seq, timeout, idle, idle_every)
         if why is not None:
             raise self._failure(why, seq, timeout)
 
-    def _fold(self, a: int, a_at: int, b: int, b_at: int, out: int, out_at: int, nbytes: int) -> None:
-        """``out = a (op) b`` on byte spans of the run's buffers: the fold where no compiled kernel is."""
-        table, dtype = self._running, self.call.dtype
-        self.ufunc(table[a].view(np.uint8)[a_at:a_at + nbytes].view(dtype),
-                   table[b].view(np.uint8)[b_at:b_at + nbytes].view(dtype),
-                   out=table[out].view(np.uint8)[out_at:out_at + nbytes].view(dtype))
+    def _fold(self, a: np.ndarray, a_at: int, b: np.ndarray, b_at: int, out: np.ndarray, out_at: int,
+              nbytes: int) -> None:
+        """``out = a (op) b`` on byte spans of three of the run's arrays: the fold where no compiled kernel is."""
+        dtype = self.call.dtype
+        self.ufunc(a.view(np.uint8)[a_at:a_at + nbytes].view(dtype), b.view(np.uint8)[b_at:b_at + nbytes].view(dtype),
+                   out=out.view(np.uint8)[out_at:out_at + nbytes].view(dtype))
 
     def _failure(self, why: tuple, seq: int, timeout: float) -> BaseException:
         """The error of a failed run (see the module docstring); the half-sent frames go back to the transport."""

@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -77,6 +78,8 @@ typedef struct {
     PyObject_HEAD
     int nsteps, nbuffers, maxlinks, itemsize;
     double spin;  /* seconds a rank retries at once after the last byte moved, before it sleeps in poll */
+    int spin_score;  /* how well spinning paid off lately (see may_spin) */
+    unsigned spin_probe;
     step_plan *steps;
     PyObject *fold;  /* the Python fold: fold(acc_buf, acc_off, src_buf, src_off, dst_buf, dst_off, nbytes) */
     ar_fold_fn kernel;  /* or the compiled one (dst, a, b, n) */
@@ -84,8 +87,9 @@ typedef struct {
     struct pollfd *polls;
     uint8_t **bases;
     Py_ssize_t *lens;
-    Py_buffer *views;  /* a run's buffers (one run at a time: the group runs its calls in order) */
-    int *writable;
+    Py_buffer *views;  /* data and out for a run (one run at a time: the group runs its calls in order), */
+    int *writable;     /* then tmp and the staging buffers, held from bind() to the next or the end */
+    PyObject *bound;   /* the tuple bind() was given */
 } PlanObject;
 
 /* What one run has: its buffers, deadline and, once it fails, why. */
@@ -97,6 +101,7 @@ typedef struct {
     double deadline, idle_every;
     unsigned long moved;  /* syscalls that moved bytes, so far */
     PyObject *idle;
+    PyObject *caller[2];  /* data and out, for the Python fold */
     int status, peer, err, step, waiting_recv;
     const uint8_t *want;  /* the header expected where another arrived */
     uint8_t header[AR_HEADER_SIZE];
@@ -161,8 +166,10 @@ static int fold(run_t *r, span a, span b, span out, Py_ssize_t from, Py_ssize_t 
         return 0;
     }
     take_gil(r);
-    PyObject *got = PyObject_CallFunction(p->fold, "ininini", a.buf, a.off + from, b.buf, b.off + from, out.buf,
-                                          out.off + from, nbytes);
+#define OBJECT(i) ((i) < 2 ? r->caller[i] : PyTuple_GET_ITEM(p->bound, (i) - 2))
+    PyObject *got = PyObject_CallFunction(p->fold, "OnOnOnn", OBJECT(a.buf), a.off + from, OBJECT(b.buf), b.off + from,
+                                          OBJECT(out.buf), out.off + from, nbytes);
+#undef OBJECT
     int bad = got == NULL ? failed_with_exception(r) : 0;
     Py_XDECREF(got);
     drop_gil(r);
@@ -396,15 +403,32 @@ static int timed_out(run_t *r, step_plan *st) {
     return -1;
 }
 
-/* Progress every link of the step until all are done. Each pass tries the links poll found ready (all
- * of them on the first pass, and while spinning: for ``spin`` seconds after the last byte moved a
- * rank retries at once rather than sleep in poll, which a peer's answer due within microseconds
- * would have to wake). */
+/* Whether a rank whose links are quiet retries at once for ``spin`` seconds rather than sleep in poll
+ * (a peer's answer due within microseconds would otherwise have to wake it). A score counts how
+ * often spinning paid off lately: a spin that ends with bytes moving scores one, one that runs out
+ * loses two; below SPIN_SCORE a rank sleeps at once but for every 16th wait, which probes again.
+ * One late peer costs one spin; a busy machine, where the peer is rarely on a core when expected,
+ * soon stops the spinning that would take the core from it. */
+#define SPIN_SCORE 4
+#define SPIN_SCORE_MAX 16
+
+static int may_spin(PlanObject *p) {
+    return p->spin > 0 && (p->spin_score >= SPIN_SCORE || (++p->spin_probe & 15) == 0);
+}
+
+static void spun(PlanObject *p, int won) {
+    p->spin_score = won ? (p->spin_score < SPIN_SCORE_MAX ? p->spin_score + 1 : SPIN_SCORE_MAX)
+                        : (p->spin_score > 2 ? p->spin_score - 2 : 0);
+}
+
+/* Progress every link of the step until all are done. Each pass tries the links poll found ready
+ * (all of them on the first pass, and while spinning). */
 static int progress(run_t *r, step_plan *st) {
-    link_state *states = r->plan->states;
-    struct pollfd *polls = r->plan->polls;
+    PlanObject *p = r->plan;
+    link_state *states = p->states;
+    struct pollfd *polls = p->polls;
     double quiet_since = now_s();
-    int try_all = 1;
+    int try_all = 1, spinning = 0, spin_ok = may_spin(p);
     for (;;) {
         int busy = 0;
         unsigned long before = r->moved;
@@ -420,17 +444,26 @@ static int progress(run_t *r, step_plan *st) {
                 return -1;
             if (!link_done(lp, ls)) busy = 1;
         }
+        if (r->moved != before && spinning) spun(p, 1);
         if (!busy) return 0;
         double now = now_s();
         if (now >= r->deadline) return timed_out(r, st);
         if (r->moved != before) {
             quiet_since = now;
+            if (spinning) spin_ok = may_spin(p);
+            spinning = 0;
         } else if (r->idle != Py_None && now - quiet_since >= r->idle_every) {
             if (call_idle(r) < 0) return -1;
             quiet_since = now = now_s();
         }
-        try_all = now - quiet_since < r->plan->spin;
-        if (try_all) continue;
+        if (spin_ok && now - quiet_since < p->spin) {
+            spinning = try_all = 1;
+            sched_yield();  /* a process waiting for this core runs first */
+            continue;
+        }
+        if (spinning) spun(p, 0);
+        spinning = try_all = 0;
+        spin_ok = 0;  /* until bytes move again */
         for (int i = 0; i < st->nlinks; i++) {
             polls[i].fd = link_done(&st->links[i], &states[i]) ? -1 : st->links[i].fd;  /* poll skips fd -1 */
             polls[i].events = (short)((states[i].send_i < st->links[i].nsends ? POLLOUT : 0) |
@@ -446,6 +479,8 @@ static int progress(run_t *r, step_plan *st) {
         if (got <= 0) {
             for (int i = 0; i < st->nlinks; i++) polls[i].revents = 0;
             if ((got == 0 || errno == EINTR) && check_signals(r) < 0) return -1;
+        } else {
+            spin_ok = may_spin(p);  /* the next quiet spell may spin again */
         }
     }
 }
@@ -481,8 +516,15 @@ static void plan_free_steps(PlanObject *p) {
     p->steps = NULL;
 }
 
+static void unbind(PlanObject *p) {
+    if (p->bound == NULL) return;
+    for (int i = 2; i < p->nbuffers; i++) PyBuffer_Release(&p->views[i]);
+    Py_CLEAR(p->bound);
+}
+
 static void Plan_dealloc(PlanObject *p) {
     plan_free_steps(p);
+    unbind(p);
     PyMem_Free(p->states);
     PyMem_Free(p->polls);
     PyMem_Free(p->views);
@@ -607,7 +649,7 @@ static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *seq = PySequence_Fast(fd_list, "fds must be a sequence of descriptors (-1 for this rank)");
     if (seq == NULL) goto done;
     Py_ssize_t nfds = PySequence_Fast_GET_SIZE(seq);
-    if (template.len != AR_HEADER_SIZE || program.len % 8 || nbuffers < 1 || nbuffers > MAX_BUFFERS ||
+    if (template.len != AR_HEADER_SIZE || program.len % 8 || nbuffers < 3 || nbuffers > MAX_BUFFERS ||
         itemsize < 1 || nfds < 1 || nfds > 1 << 20 || !PyCallable_Check(fold_obj)) {
         PyErr_SetString(PyExc_ValueError, "Plan: bad template, program, buffer count, itemsize, fds or fold");
         goto done;
@@ -626,6 +668,7 @@ static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     p->nbuffers = nbuffers;
     p->itemsize = itemsize;
     p->spin = spin > 0 ? spin : 0;
+    p->spin_score = SPIN_SCORE_MAX;
     p->kernel = ar_itemsize(dtype) == (size_t)itemsize ? ar_kernel(dtype, op) : NULL;
     Py_INCREF(fold_obj);
     p->fold = fold_obj;
@@ -706,10 +749,52 @@ static PyObject *half_sent(run_t *r, step_plan *st) {
     return list;
 }
 
+/* bind(scratch): hold the buffers of tmp and the staging slots (a tuple) for every later run. */
+static PyObject *Plan_bind(PlanObject *p, PyObject *scratch) {
+    if (!PyTuple_Check(scratch) || PyTuple_GET_SIZE(scratch) != p->nbuffers - 2) {
+        PyErr_SetString(PyExc_TypeError, "bind(scratch): a tuple of tmp and every staging buffer");
+        return NULL;
+    }
+    unbind(p);
+    for (int i = 2; i < p->nbuffers; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(scratch, i - 2), &p->views[i], PyBUF_WRITABLE) < 0) {
+            while (--i >= 2) PyBuffer_Release(&p->views[i]);
+            return NULL;
+        }
+        p->writable[i] = 1;
+        p->bases[i] = p->views[i].buf;
+        p->lens[i] = p->views[i].len;
+    }
+    p->bound = Py_NewRef(scratch);
+    Py_RETURN_NONE;
+}
+
+/* A caller's buffer (data, out) as buffer ``i`` of the run: writable where it can be, absent as empty. */
+static int hold(PlanObject *p, run_t *r, PyObject *buffers, PyObject *name, int i) {
+    PyObject *obj = PyDict_GetItemWithError(buffers, name);
+    r->caller[i] = obj != NULL ? obj : Py_None;
+    if (obj == NULL) {
+        p->bases[i] = NULL;
+        p->lens[i] = 0;
+        p->writable[i] = 0;
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    p->writable[i] = PyObject_GetBuffer(obj, &p->views[i], PyBUF_WRITABLE) == 0;
+    if (!p->writable[i]) {
+        PyErr_Clear();
+        if (PyObject_GetBuffer(obj, &p->views[i], PyBUF_SIMPLE) < 0) return -1;
+    }
+    p->bases[i] = p->views[i].buf;
+    p->lens[i] = p->views[i].len;
+    return 1;
+}
+
+static PyObject *DATA_KEY, *OUT_KEY;
+
 /* run(buffers, seq, timeout, idle, idle_every): None, or (status, step, peer, detail, half_sent). */
 static PyObject *Plan_run(PlanObject *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != p->nbuffers) {
-        PyErr_SetString(PyExc_TypeError, "run(buffers: tuple of the plan's buffers, seq, timeout, idle, idle_every)");
+    if (nargs != 5 || !PyDict_Check(args[0]) || p->bound == NULL) {
+        PyErr_SetString(PyExc_TypeError, "run(buffers: dict, seq, timeout, idle, idle_every), after bind()");
         return NULL;
     }
     unsigned long long seq = PyLong_AsUnsignedLongLongMask(args[1]);
@@ -723,22 +808,12 @@ static PyObject *Plan_run(PlanObject *p, PyObject *const *args, Py_ssize_t nargs
     r.idle = args[3];
     r.idle_every = idle_every;
     r.deadline = now_s() + timeout;
-    Py_buffer *views = p->views;
-    int *writable = p->writable, held = 0;
-    PyObject *result = NULL;
     r.base = p->bases;
     r.len = p->lens;
-    for (; held < p->nbuffers; held++) {
-        PyObject *obj = PyTuple_GET_ITEM(args[0], held);
-        writable[held] = PyObject_GetBuffer(obj, &views[held], PyBUF_WRITABLE) == 0;
-        if (!writable[held]) {
-            PyErr_Clear();
-            if (PyObject_GetBuffer(obj, &views[held], PyBUF_SIMPLE) < 0) goto release;
-        }
-        r.base[held] = views[held].buf;
-        r.len[held] = views[held].len;
-    }
-    if (!spans_fit(p, &r, writable)) {
+    PyObject *result = NULL;
+    int data = hold(p, &r, args[0], DATA_KEY, 0), out = data < 0 ? 0 : hold(p, &r, args[0], OUT_KEY, 1);
+    if (data < 0 || out < 0) goto release;
+    if (!spans_fit(p, &r, p->writable)) {
         PyErr_SetString(PyExc_ValueError, "run: a buffer is smaller than the plan's spans, or read-only where written");
         goto release;
     }
@@ -778,11 +853,13 @@ static PyObject *Plan_run(PlanObject *p, PyObject *const *args, Py_ssize_t nargs
         Py_XDECREF(detail), Py_XDECREF(rest);
 release:
     Py_XDECREF(r.exception);
-    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    if (data > 0) PyBuffer_Release(&p->views[0]);
+    if (out > 0) PyBuffer_Release(&p->views[1]);
     return result;
 }
 
 static PyMethodDef Plan_methods[] = {
+    {"bind", (PyCFunction)Plan_bind, METH_O, "bind(scratch): the tuple of tmp and the staging buffers every run uses."},
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL,
      "run(buffers, seq, timeout, idle, idle_every): run the planned steps; None, or why they failed."},
     {NULL, NULL, 0, NULL},
@@ -835,7 +912,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__tcp(void) {
-    if (PyType_Ready(&PlanType) < 0) return NULL;
+    DATA_KEY = PyUnicode_InternFromString("data");
+    OUT_KEY = PyUnicode_InternFromString("out");
+    if (DATA_KEY == NULL || OUT_KEY == NULL || PyType_Ready(&PlanType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0 ||
