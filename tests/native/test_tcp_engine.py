@@ -14,6 +14,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
+import ssl
 import struct
 import time
 
@@ -26,7 +28,10 @@ from support.matrices import all_reduce_matrix, block_matrix, rooted_matrix
 
 import allreduce as dist
 from allreduce import collectives, wire
+from allreduce.engines import NativeTcpEngine, ScheduleEngine, schedule_engine
 from allreduce.errors import ProtocolError
+from allreduce.settings import Settings
+from allreduce.transport.tcp import TcpTransport
 
 tcp = pytest.importorskip("allreduce.native._tcp", reason="the compiled engine is not built")
 
@@ -109,6 +114,33 @@ def test_runs_refuse_buffers_smaller_than_their_spans_or_read_only():
     finally:
         os.close(a)
         os.close(b)
+
+
+# ---- which engine a group gets ---------------------------------------------------------------------
+
+def test_plain_links_take_the_compiled_engine_unless_told_otherwise():
+    ours, theirs = socket.socketpair()
+    try:
+        transport = TcpTransport(0, 2, {1: ours})
+        assert transport.descriptors() == [-1, ours.fileno()]
+        assert isinstance(schedule_engine(transport, Settings(engine="native")), NativeTcpEngine)
+        assert isinstance(schedule_engine(transport, Settings(engine="auto")), NativeTcpEngine)
+        assert isinstance(schedule_engine(transport, Settings(engine="python")), ScheduleEngine)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_tls_links_stay_on_the_python_engine():
+    ours, theirs = socket.socketpair()
+    wrapped = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).wrap_socket(ours, server_side=True, do_handshake_on_connect=False)
+    try:
+        transport = TcpTransport(0, 2, {1: wrapped})
+        assert transport.descriptors() is None
+        assert isinstance(schedule_engine(transport, Settings(engine="native")), ScheduleEngine)
+    finally:
+        wrapped.close()
+        theirs.close()
 
 
 # ---- both engines in one group --------------------------------------------------------------------

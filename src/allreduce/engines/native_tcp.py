@@ -31,8 +31,8 @@ from ..transport.tcp import TcpTransport, aborted, lost, stalled, unexpected
 from .call import Call, reworded
 from .schedules import Scratch, schedule_for, steps_of
 
-_BUFFERS = ("data", "out", "tmp")
-SPIN_S = 50e-6  # seconds a rank retries at once after the last byte moved, before it sleeps in poll  # the first entries of a run's buffer table; the staging buffers follow
+_BUFFERS = ("data", "out", "tmp")  # the first entries of a run's buffer table; the staging buffers follow
+SPIN_S = 50e-6  # seconds a quiet rank retries at once before it sleeps in poll (native/_tcp.c: may_spin)
 
 
 class NativeTcpEngine:
