@@ -284,3 +284,28 @@ def test_a_signal_interrupts_a_wait_and_breaks_the_group_on_both_engines():
     assert native == python
     assert native[0][0] == "GroupBroken" and "KeyboardInterrupt" in native[0][1], native
     # rank 0's frame left before the signal, so rank 1's call completes: the interrupted rank owed it nothing
+
+
+def _cut_mid_frame(rank, size):
+    """Rank 0 is interrupted while a large frame to rank 1 is half sent (rank 1 is not reading yet)."""
+    dist.all_reduce(np.ones(10, np.float32))
+    x = np.ones(8 << 20, np.float32)
+    if rank == 1:
+        time.sleep(0.5)
+    else:
+        signal.signal(signal.SIGALRM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt))
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        dist.all_reduce(x)
+    except KeyboardInterrupt:
+        return "interrupted"
+    except dist.AllreduceError as exc:
+        return type(exc).__name__, "rank 0" in str(exc)
+    return "returned"
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_a_frame_half_sent_when_a_rank_gives_up_is_finished_before_its_abort(engine):
+    outcomes = _failure(_cut_mid_frame, 2, engine)
+    assert outcomes[0] == "interrupted"
+    assert outcomes[1] == ("PeerLost", True), outcomes  # its ABORT or its closed link; never a torn frame
