@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     for variant in args.variant:
         name, _, assignments = variant.partition(":")
         runs[f"allreduce-{name}"] = ("allreduce", dict(a.split("=", 1) for a in assignments.split(",") if a), [])
-    tables = {"": runs}  # title -> its columns
+    tables = {"": runs} if runs else {}  # title -> its columns
     if args.tcp:
         tables[" over TCP loopback"] = {column: run for column, run in TCP_RUNS.items() if not reasons[run[0]]}
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, load average {load()} (1/5/15 min); "
@@ -302,8 +302,7 @@ def main(argv=None) -> int:
                     print(f"# {n} ranks{title}, round {round_ + 1}/{args.rounds}: {column} done (load {load()})",
                           file=sys.stderr)
             results = {column: median_of(r) for column, r in rounds.items()}
-            if not title:
-                per_n[n] = results
+            per_n.setdefault(n, results)  # the plot shows the first table
             print(f"\n## {n} ranks{title} (float32 SUM, median of {args.rounds} rounds; load average now {load()})\n")
             print("\n".join(table(n, sizes, results)))
     if args.plot:

@@ -739,9 +739,13 @@ static PyObject *half_sent(run_t *r, step_plan *st) {
         PyObject *rest = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(frame - ls->sent));
         if (rest == NULL) return Py_DECREF(list), NULL;
         char *to = PyBytes_AS_STRING(rest);
-        for (size_t at = ls->sent; at < frame; at++)
-            *to++ = (char)(at < AR_HEADER_SIZE ? op->header[at]
-                                               : r->base[op->src.buf][op->src.off + (Py_ssize_t)(at - AR_HEADER_SIZE)]);
+        size_t from = ls->sent;
+        if (from < AR_HEADER_SIZE) {
+            memcpy(to, op->header + from, AR_HEADER_SIZE - from);
+            to += AR_HEADER_SIZE - from;
+            from = AR_HEADER_SIZE;
+        }
+        memcpy(to, r->base[op->src.buf] + op->src.off + (from - AR_HEADER_SIZE), frame - from);
         PyObject *item = Py_BuildValue("(iNn)", lp->peer, rest, (Py_ssize_t)frame);
         if (item == NULL || PyList_Append(list, item) < 0) return Py_XDECREF(item), Py_DECREF(list), NULL;
         Py_DECREF(item);
