@@ -32,7 +32,7 @@ from .call import Call, reworded
 from .schedules import Scratch, schedule_for, steps_of
 
 _BUFFERS = ("data", "out", "tmp")  # the first entries of a run's buffer table; the staging buffers follow
-SPIN_S = 50e-6  # seconds a quiet rank retries at once before it sleeps in poll (native/_tcp.c: may_spin)
+SPIN_S = 50e-6  # seconds a quiet rank retries at once before it sleeps in poll (native/tcpsteps.c: may_spin)
 
 
 class NativeTcpEngine:
