@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign fuzz asan
+.PHONY: demo test native asan fuzz fuzz-frames bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,48 @@ demo: $(STAMP)
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/train.py --epochs 3
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 4M -f 8 --iters 10 --warmup 2 --algorithm ring,tree
 
-test: $(STAMP)
+# The compiled engine (src/allreduce/native/*.c), rebuilt in place when its sources change; `pip install`
+# builds it too. Without a C compiler the build says so and the suite runs on the Python engine alone.
+NATIVE_SOURCES := $(wildcard src/allreduce/native/*.c src/allreduce/native/*.h) setup.py
+NATIVE_STAMP := $(VENV)/.native-built
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	$(PY) setup.py --quiet build_ext --inplace
+	touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
+test: $(STAMP) $(NATIVE_STAMP)
 	$(PY) -m pytest -q
+
+# The compiled engine built with AddressSanitizer (gcc's libasan preloaded into Python), then the native
+# tests (the reader's fuzz included) and the lines' collective and fault tests on it; then the usual build
+# again. A memory error aborts the rank that made it, and its test fails.
+ASAN_TESTS := tests/native tests/collectives/test_small_messages.py tests/collectives/test_chunked_lines.py \
+	tests/faults/test_mismatch.py
+asan: $(STAMP)
+	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" LDFLAGS="-fsanitize=address" \
+	  $(PY) setup.py --quiet build_ext --inplace --force --build-temp build/asan
+	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 TEST_ENGINES=native \
+	  $(PY) -m pytest -q -p no:cacheprovider $(ASAN_TESTS); \
+	status=$$?; $(PY) setup.py --quiet build_ext --inplace --force && touch $(NATIVE_STAMP); exit $$status
+
+# The lines' reader fuzzed longer than the suite does (tests/native/test_fuzz_lines.py), and the TCP
+# engine's frame parser under libFuzzer.
+fuzz: $(STAMP) $(NATIVE_STAMP) fuzz-frames
+	LINES_FUZZ_ROUNDS=500000 $(PY) -m pytest -q -p no:cacheprovider tests/native/test_fuzz_lines.py
+
+# The frame header parser (native/frames.c) under libFuzzer with ASan and UBSan for FUZZ_SECONDS
+# (default 300); the suite runs it for a few seconds. Needs clang (apt-get install clang): skips,
+# saying so, where it is missing.
+FUZZ_SECONDS ?= 300
+FUZZ_DIR := build/fuzz
+fuzz-frames:
+	@if ! command -v clang >/dev/null 2>&1; then \
+	  echo "make fuzz-frames: skipped: clang is not installed (apt-get install clang)"; exit 0; fi; \
+	mkdir -p $(FUZZ_DIR)/corpus && \
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc/allreduce/native \
+	  fuzz/frame_header.c src/allreduce/native/frames.c -o $(FUZZ_DIR)/frame_header && \
+	$(FUZZ_DIR)/frame_header -max_total_time=$(FUZZ_SECONDS) -max_len=128 -print_final_stats=1 $(FUZZ_DIR)/corpus
 
 bench: $(STAMP)
 	$(VENV)/bin/allreduce bench -n 2 -b 8 -e 64M -f 4 --algorithm ring,tree
@@ -75,32 +115,6 @@ netns-bench: $(STAMP)
 # (network namespaces, root only; skipped otherwise), at random moments; about 15 minutes on two cores.
 campaign: $(STAMP)
 	$(PY) benchmarks/reliability_campaign.py --kills 200 --stops 30 --cuts 12 --seed 1
-
-# The compiled engine's frame header parser under libFuzzer, with ASan and UBSan, for FUZZ_SECONDS
-# (default 300); the suite runs it for a few seconds. Needs clang (apt-get install clang): skips,
-# saying so, where it is missing.
-FUZZ_SECONDS ?= 300
-FUZZ_DIR := build/fuzz
-fuzz:
-	@if ! command -v clang >/dev/null 2>&1; then \
-	  echo "make fuzz: skipped: clang is not installed (apt-get install clang)"; exit 0; fi; \
-	mkdir -p $(FUZZ_DIR)/corpus && \
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc/allreduce/native \
-	  fuzz/frame_header.c src/allreduce/native/frames.c -o $(FUZZ_DIR)/frame_header && \
-	$(FUZZ_DIR)/frame_header -max_total_time=$(FUZZ_SECONDS) -max_len=128 -print_final_stats=1 $(FUZZ_DIR)/corpus
-
-# The compiled extensions built with AddressSanitizer into a copy of the package (build/asan), and
-# the tests of tests/native (kernels, the TCP engine, both engines in one group, hostile frames) run
-# on it: any out-of-bounds access or use after free in the C code stops the run with a report.
-ASAN_DIR := build/asan
-asan: $(STAMP)
-	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)/tree && cp -r src/allreduce $(ASAN_DIR)/tree/
-	rm -f $(ASAN_DIR)/tree/allreduce/native/*.so
-	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=address" \
-	  $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/temp --force
-	cp $(ASAN_DIR)/lib/allreduce/native/*.so $(ASAN_DIR)/tree/allreduce/native/
-	PYTHONPATH=$(CURDIR)/$(ASAN_DIR)/tree LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
-	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 $(PY) -m pytest -q -p no:cacheprovider tests/native
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .hypothesis

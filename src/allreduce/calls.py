@@ -25,6 +25,7 @@ from .arguments import (
 from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish_reduction
 from .p2p import P2PWork
+from .planner import determinism
 from .runtime import Request
 from .work import Work
 from .world import Group, resolve_group
@@ -42,6 +43,13 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
         dist.all_reduce(x)           # both: [3.]
     """
     g = resolve_group(group)
+    if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
+        # a shape this group ran before (checked, planned, no AVG to finish): straight to its planned call
+        known = g.shortcuts.get((tensor.dtype, tensor.size, op))
+        if known is not None and known[0] == determinism.epoch:
+            flags = tensor.flags
+            if flags.c_contiguous and flags.writeable and g.run_planned(known[1], {"data": tensor}):
+                return None
     arr = as_array(tensor)
     op = checked_op(op, arr.dtype)
     data = arr if arr.ndim == 1 else flat(arr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 from support.reference import left_fold_misses, make_input, reduced, same
 
@@ -17,7 +18,7 @@ from allreduce.dtypes import SUPPORTED
 from allreduce.ops import allowed_ops
 from allreduce.transport import shm
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64")
+pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"), engines.BOTH]
 
 AT_ONCE, CHUNK, MOST = 256, 320, 64 << 10  # bytes: one round, a line's chunk, chunks at most
 SMALL = {"ALLREDUCE_TRANSPORT": "shm", "ALLREDUCE_SHM_LINE_MAX": str(AT_ONCE),

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import free_port, run_ranks
 from support.reference import reduced
 
@@ -18,6 +19,8 @@ import allreduce as dist
 from allreduce.dtypes import bfloat16
 from allreduce.ops import ReduceOp
 from allreduce.transport import shm
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 DTYPES = [np.dtype(np.float32), np.dtype(np.float64)] + ([bfloat16] if bfloat16 is not None else [])
 COUNTS = (1, 7, 1000)  # and 2**18 for float32 (the unit tests run the whole matrix without processes)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support import engines
 from support.harness import run_ranks
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 NANS = {np.dtype(np.float32): (0x7FC00001, 0xFFC00002), np.dtype(np.float64): (0x7FF8000000000001, 0xFFF8000000000002)}
 

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 from support.reference import left_fold_misses, make_input, reduced, same
 
@@ -19,7 +20,7 @@ from allreduce.dtypes import SUPPORTED
 from allreduce.ops import ReduceOp, allowed_ops
 from allreduce.transport import shm
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64")
+pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"), engines.BOTH]
 
 SHM = {"ALLREDUCE_TRANSPORT": "shm"}
 LINE = shm.ShmOptions().line_max  # bytes per rank that take the lines
@@ -128,6 +129,7 @@ def _spin_windows(rank, size):
     return windows, wrong
 
 
+@engines.only("python")  # the Python engine's spin window; the compiled one reads the peer (tests/native)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two cores to spin")
 def test_the_spin_window_widens_for_a_steady_slower_peer_and_shrinks_back_when_it_idles():
     options = shm.ShmOptions()
@@ -139,6 +141,7 @@ def test_the_spin_window_widens_for_a_steady_slower_peer_and_shrinks_back_when_i
     assert min(windows[300:]) == options.spin_s, windows[300:]  # halved back after waits past spin_max_s
 
 
+@engines.only("python")
 def test_the_spin_window_policy():
     from allreduce.transport.shm.lines import Lines
 

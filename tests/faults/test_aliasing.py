@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 from support.reference import make_input, reduced
 
 import allreduce as dist
 from allreduce import algorithms
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 K = 5  # elements per block; every case runs again with K << 14 (320 KiB blocks, which shared memory
 # moves cross-memory, straight out of the sender's array)

@@ -13,9 +13,12 @@ import threading
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 
 import allreduce as dist
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 COUNT = 16 << 20  # float32: 64 MiB
 

@@ -8,10 +8,13 @@ import time
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import free_port, run_ranks
 from support.scenarios import killed_mid_collective, mismatched
 
 import allreduce as dist
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 
 @pytest.fixture

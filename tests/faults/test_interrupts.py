@@ -17,9 +17,12 @@ import time
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 
 import allreduce as dist
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 COUNT = 16 << 20  # float32: 64 MiB
 LATE_S = 1.0  # rank 1 joins this long after rank 0

@@ -13,10 +13,13 @@ import time
 
 import numpy as np
 import pytest
+from support import engines
 from support.harness import run_ranks
 
 import allreduce as dist
 from allreduce import collectives
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 SIZE = 3
 ODD = 1  # the rank that calls differently

@@ -12,9 +12,12 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from support import engines
 from support.harness import run_ranks
 
 import allreduce as dist
+
+pytestmark = engines.BOTH  # the lines run in Python and in C
 
 CALLS = 500  # enough to outlast the interpreter's thread switch (5 ms): small calls take ~15 us and need not sleep
 

@@ -28,7 +28,8 @@ from support.matrices import all_reduce_matrix, block_matrix, rooted_matrix
 
 import allreduce as dist
 from allreduce import collectives, wire
-from allreduce.engines import NativeTcpEngine, ScheduleEngine, schedule_engine
+from allreduce.engines import NativeTcpEngine, ScheduleEngine
+from allreduce.runtime.choice import schedule_engine
 from allreduce.errors import ProtocolError
 from allreduce.settings import Settings
 from allreduce.transport.tcp import TcpTransport

@@ -5,7 +5,7 @@ pair while the test writes at the other: random bytes, headers cut short, header
 size, ABORTs whose reason is cut or claims more than the limit, a right header with too little
 payload, then the link closed or left open. Every run must come back with a failure the Python
 side can word (a header, an ABORT, a lost link, a deadline) or, for the one right frame, with the
-payload in place. The frame parser alone runs for a few seconds under libFuzzer (``make fuzz``).
+payload in place. The frame parser alone runs for a few seconds under libFuzzer (``make fuzz-frames``).
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ def test_an_abort_comes_back_with_its_reason():
     assert why[0] == tcp.RUN_ABORT and why[3] == b"rank 1 ran out of memory"
 
 
-@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed: `make fuzz` needs it")
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed: `make fuzz-frames` needs it")
 def test_the_parser_survives_a_few_seconds_of_libfuzzer():
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # `make asan` preloads gcc's ASan, not clang's
-    done = subprocess.run(["make", "-s", "fuzz", "FUZZ_SECONDS=5"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run(["make", "-s", "fuzz-frames", "FUZZ_SECONDS=5"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Done" in done.stderr and "ERROR" not in done.stderr

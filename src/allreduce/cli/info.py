@@ -16,8 +16,9 @@ import os
 import platform
 import sys
 
-from .. import __version__, rendezvous
+from .. import __version__, native, rendezvous
 from ..planner import costmodel
+from ..settings import Settings
 from ..transport import cma, shm, shmseg
 from . import variables
 
@@ -34,6 +35,7 @@ def report(environ: dict[str, str] | None = None) -> list[str]:
     lines.append("packages: " + ", ".join(f"{name} {_version(name)}" for name in PACKAGES))
     lines.append("transports here:")
     lines += [f"  {name:<14} {verdict}" for name, verdict in transports()]
+    lines.append(f"engine: {engine(env)}")
     lines.append(f"cost profile: {profile_in_use(env)}")
     lines.append(f"launcher environment: {launcher(env)}")
     ours = {name for name, _ in variables.library()}
@@ -67,6 +69,22 @@ def _cross_memory() -> str:
     if scope >= 2:
         return f"no between ranks (kernel.yama.ptrace_scope={scope}); shared-memory copies are used"
     return f"yes (kernel.yama.ptrace_scope={scope})"
+
+
+def engine(env: dict[str, str]) -> str:
+    """Which engine runs the shared-memory lines and the schedules here, and why: the compiled one where
+    ``ALLREDUCE_ENGINE`` allows it and it was built (schedules over plain TCP links; TLS and shared
+    memory schedules run in Python)."""
+    try:
+        module, why = native.chosen("lines", Settings.from_env(env))
+    except (ImportError, ValueError) as exc:
+        return f"none: {exc}"
+    if module is None:
+        return f"python ({why})"
+    tcp, _ = native.load("tcp")
+    schedules = "native for schedules over plain TCP, python for the others" if tcp else "python for schedules"
+    return (f"native for the shared-memory lines ({why}; ALLREDUCE_ENGINE={env.get('ALLREDUCE_ENGINE') or 'auto'}), "
+            f"{schedules}")
 
 
 def profile_in_use(env: dict[str, str]) -> str:

@@ -7,12 +7,16 @@ before its first run and reused for every later call of that shape. The group on
 - :class:`ScheduleEngine` (:mod:`.schedules`) runs a registered algorithm's schedule step by step over
   any transport;
 - :class:`LinesEngine` (:mod:`.lines`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
-  shared-memory lines of a group whose ranks share one host.
+  shared-memory lines of a group whose ranks share one host;
+- :class:`NativeLinesEngine` (:mod:`.native_lines`) runs the same plans in C, one call per run with the
+  GIL released (``allreduce.native._lines``), where the extension was built;
+- :class:`NativeTcpEngine` (:mod:`.native_tcp`) runs the schedules of a group whose every link is a
+  plain TCP socket in C, one call per run with the GIL released (``allreduce.native._tcp``).
 
 Which engine plans a call follows from the algorithm the plan chose (an entry that runs on the lines,
-where the transport has them), never from probing objects. A compiled engine implements the same two
-methods: ``plan(entry, call, options)`` and ``close()``; :class:`NativeTcpEngine` (:mod:`.native_tcp`)
-runs the schedules of a group on plain TCP links that way (:func:`schedule_engine` picks it).
+where the transport has them), never from probing objects; whether the lines or the schedules run in
+C follows from ``ALLREDUCE_ENGINE``, the build and (for schedules) the links. Every engine implements the same two methods:
+``plan(entry, call, options)`` and ``close()``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .. import native
 from ..algorithms import Algorithm
-from ..settings import Settings
 from .call import Call, reworded
 from .lines import LinesEngine
+from .native_lines import NativeLinesEngine
 from .native_tcp import NativeTcpEngine, engine_for
 from .schedules import ScheduleEngine
 
@@ -55,16 +58,5 @@ class Engine(Protocol):
         """Drop what the planned calls hold of the transport (views of shared memory)."""
 
 
-def schedule_engine(transport, settings: Settings) -> Engine:
-    """The engine that runs a group's schedules on ``transport``: the compiled one where ``settings``
-    allow it (``ALLREDUCE_ENGINE``) and every link is plain TCP, else the Python one.
-
-    Raises:
-        ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine was not built.
-    """
-    module, _ = native.chosen("tcp", settings)
-    return engine_for(transport, module) or ScheduleEngine(transport)
-
-
-__all__ = ["Call", "Engine", "LinesEngine", "NativeTcpEngine", "Planned", "ScheduleEngine", "reworded",
-           "schedule_engine"]
+__all__ = ["Call", "Engine", "LinesEngine", "NativeLinesEngine", "NativeTcpEngine", "Planned", "ScheduleEngine",
+           "engine_for", "reworded"]

@@ -42,7 +42,7 @@ class Plan:
         self.lines = lines = engine.lines
         self.call = call
         self.rank, self.root = lines.rank, call.root
-        self.header, self.fingerprint = _described(call)
+        self.header, self.fingerprint = described(call)
         self.views = lines.views(call.dtype, call.count if call.collective != "barrier" else 0)
         self.sends = SENDS[call.collective] or (call.collective == "broadcast" and self.rank == call.root)
         self.finish = getattr(self, "_" + call.collective)
@@ -105,7 +105,7 @@ class ChunkedPlan:
         self.engine = engine
         self.lines = lines = engine.lines
         self.call = call
-        self.header, self.fingerprint = _described(call)
+        self.header, self.fingerprint = described(call)
         self.ufunc = kernel(call.op, call.dtype)
         per_line = lines.capacity // call.dtype.itemsize
         bounds = [(low, min(call.count, low + per_line)) for low in range(0, call.count, per_line)]
@@ -170,7 +170,7 @@ class _Chunk:
                        for part in range(size) if part != rank] if keeps else []
 
 
-def _described(call: Call) -> tuple[bytes, int]:
+def described(call: Call) -> tuple[bytes, int]:
     """The frame header a mismatch is described by, and the fingerprint ranks compare: both of ``call``."""
     header = wire.encode(wire.Header(wire.DATA, collectives.get(call.collective).code, code_of(call.dtype),
                                      int(call.op), call.root, 0, 0, call.count, call.count * call.dtype.itemsize,

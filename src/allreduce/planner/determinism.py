@@ -20,12 +20,14 @@ from ..settings import Settings
 ORDER_SENSITIVE = frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT})  # ops whose bits depend on order
 
 _chosen: bool | None = None  # set by use_deterministic_algorithms; None: as the environment says
+epoch = 0  # how many times it was set: a plan remembered under an older epoch may be the other mode's
 
 
 def use_deterministic_algorithms(mode: bool) -> None:
     """Turn deterministic mode on or off for every group of this process (overriding the environment)."""
-    global _chosen
+    global _chosen, epoch
     _chosen = bool(mode)
+    epoch += 1
 
 
 def enabled(settings: Settings) -> bool:

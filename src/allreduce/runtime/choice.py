@@ -4,8 +4,9 @@ The planner picks by predicted time (:mod:`..planner`), except that an automatic
 several hosts of several ranks each is hierarchical (inside hosts, then across them, then inside
 again), and that where every member shares this host the lines take what they serve (the planner's
 rule, given the lines' limits). A choice depends only on what every rank knows alike (the group, the
-call's shape, the settings), never on timing. The lines algorithms run on the lines engine; every
-other algorithm on the schedule engine.
+call's shape, the settings), never on timing. The lines algorithms run on the lines engine (the
+compiled one where ``ALLREDUCE_ENGINE`` allows it and it was built, :func:`lines_engine`); every other
+algorithm on the schedule engine (compiled too where every link is plain TCP, :func:`schedule_engine`).
 
 Every registered algorithm is digested once per group with the options the group supplies
 (:func:`digests`); the digest is part of the fingerprint ranks compare, so ranks that would run
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import algorithms, collectives, logs, planner, wire
-from ..engines import Call, Engine, Planned
+from .. import algorithms, collectives, logs, native, planner, wire
+from ..engines import Call, Engine, LinesEngine, NativeLinesEngine, Planned, ScheduleEngine, engine_for
 from ..memo import Memo
 from ..ops import ReduceOp
 from ..algorithms.lines import LineLimits
@@ -41,6 +42,34 @@ def digests(supplies: dict) -> dict[algorithms.Algorithm, tuple[dict, int]]:
         label = entry.name + (f"({', '.join(f'{k}={v}' for k, v in entry.options.items())})" if entry.options else "")
         prepared[entry] = options, wire.algorithm_digest(label, repr(sorted(options.items())))
     return prepared
+
+
+def lines_engine(lines, settings: Settings) -> tuple[Engine | None, str]:
+    """The engine for the lines plans of a group whose transport has ``lines`` (``None``: it has none),
+    and which it is and why (``"native (compiled)"``, ``"python (ALLREDUCE_ENGINE=python)"``, ...): the
+    compiled lines where ``settings`` allow and the extension loaded.
+
+    Raises:
+        ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine is missing (naming why).
+    """
+    module, why = native.chosen("lines", settings)
+    if lines is None:
+        return None, "python (no shared-memory lines in this group)"
+    if module is None:
+        return LinesEngine(lines), f"python ({why})"
+    return NativeLinesEngine(lines, module), f"native ({why})"
+
+
+def schedule_engine(transport, settings: Settings) -> Engine:
+    """The engine for the schedules of a group on ``transport``: the compiled one where ``settings``
+    allow, the extension loaded and every link is a plain TCP socket (:func:`..engines.engine_for`),
+    else the Python one.
+
+    Raises:
+        ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine is missing (naming why).
+    """
+    module, _ = native.chosen("tcp", settings)
+    return engine_for(transport, module) or ScheduleEngine(transport)
 
 
 class Choice:

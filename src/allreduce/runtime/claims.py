@@ -41,5 +41,13 @@ class Claims:
             raise self.conflict
         self.issuer = me
 
+    def idle_claim(self, me: int) -> bool:
+        """Claim an idle group for thread ``me`` and mark it busy (the call then runs inline), or ``False``
+        where :meth:`claim` must decide: calls are in flight, or ``me`` is the progress thread."""
+        if me == self.progress or not self._queue.inline(False):
+            return False
+        self.issuer = me
+        return True
+
     def _wrong_thread(self, collective: str, why: str) -> RuntimeError:
         return RuntimeError(f"{self._who}: {collective} on process group '{self._name}' {why}")

@@ -28,17 +28,17 @@ import weakref
 
 import numpy as np
 
-from ..engines import LinesEngine, schedule_engine
 from ..errors import AllreduceError, Interrupted, Mismatch
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
+from ..planner import determinism
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
 from ..transport import Transport
 from ..transport.shm import ShmOptions
 from ..work import Work
-from .choice import Choice
+from .choice import Choice, lines_engine, schedule_engine
 from .claims import Claims
 from .health import Health
 from .life import Life, State
@@ -80,8 +80,9 @@ class ProcessGroup:
         self.transport = transport
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None
+        on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
         self._choice = Choice(size, name, self.topology, intra, self.settings, schedule_engine(transport, self.settings),
-                              LinesEngine(lines) if lines is not None else None,
+                              on_lines,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
         self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
         self._cv = threading.Condition(self._lock)
@@ -90,6 +91,9 @@ class ProcessGroup:
         self._claims = Claims(rank, size, name, self._queue)
         self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
         self._seq = 0
+        # (dtype, count, op) -> (determinism.epoch, planned): blocking all-reduces of a shape already run,
+        # which calls.py takes straight to run_planned (see there)
+        self.shortcuts: dict[tuple, tuple] = {}
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
             thread.start()
@@ -141,6 +145,8 @@ class ProcessGroup:
                 raise self._life.refusal()
             planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
                                            request.op, request.root)
+            if request.collective == "all_reduce" and request.algorithm is None and request.after is None:
+                self.shortcuts[(request.dtype, request.count, request.op)] = (determinism.epoch, planned)
             self._seq += 1
             seq = self._seq
             if self._queue.inline(async_op):
@@ -151,6 +157,21 @@ class ProcessGroup:
         if job is None:
             return self._queue.run_inline(seq, planned, request.buffers, request.after)
         return self._queue.handed_off(job, async_op)
+
+    def run_planned(self, planned, buffers: dict) -> bool:
+        """:meth:`collective` for a blocking call whose planned call the caller already holds (a shape
+        from :attr:`shortcuts`): the same claim, numbering, run and failure handling, without building
+        a request or looking the plan up. ``False``, with nothing done, where the call must take the
+        general path instead (the group is busy, broken or destroyed, or this is a Work callback)."""
+        if not self._life.usable:
+            return False
+        with self._lock:
+            if not self._life.usable or not self._claims.idle_claim(threading.get_ident()):
+                return False
+            self._seq += 1
+            seq = self._seq
+        self._queue.run_inline(seq, planned, buffers, None)
+        return True
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:

@@ -7,7 +7,7 @@ the segment's owner, and ``TAKEN``, written only by the peer), then a ring of sl
 frame header, a few descriptor words, then up to ``chunk`` bytes of payload.
 
 After the channels come the owner's two *lines* (:mod:`.lines`), the small-message path: a cache line
-holding the owner's sleeping flag, then per line a head (the call's number, its group sequence number,
+holding the owner's sleeping flag and the times of its last post and return, then per line a head (the call's number, its group sequence number,
 its fingerprint and frame header) and up to ``line_max`` bytes of payload.
 """
 
@@ -34,8 +34,10 @@ PAYLOAD_AT = 128
 INLINE, REGISTERED, CROSS = 1, 2, 3  # values of the MODE word: how the payload travels
 
 
-# Lines: the sleeping flag's word (from the lines area's first word); per line, head words and payload.
-LINE_SLEEPING = 0
+# Lines: the sleeping flag's word, then the times (CLOCK_MONOTONIC nanoseconds, written by the compiled
+# engine) of the owner's last post and of its last return from a call: a waiting peer stays awake for a
+# rank inside its call or just out of one. From the lines area's first word; per line, head words and payload.
+LINE_SLEEPING, LINE_POSTED, LINE_RETURNED = 0, 1, 2
 LINES_FIRST = 64  # bytes from the lines area to its first line
 LINE_NUMBER, LINE_CALL, LINE_PRINT = range(3)  # head words: round number (written last), group seq, fingerprint
 LINE_HEADER_AT = 24  # bytes from a line's start to its frame header

@@ -75,17 +75,20 @@ class Lines:
                  options: ShmOptions, waiting: Waiting):
         self.rank = rank
         self.size = len(peers) + 1
+        self.at = at  # the lines area's byte offset in every rank's control segment
         self.capacity = options.line_capacity  # payload bytes a line holds
         self.at_once = options.line_max  # bytes per rank a call may have to take the lines in one round
         self.chunked_max = options.chunked_max  # bytes an all-reduce may have to take them in chunks
         self.options = options
         self._words = words
         self._waiting = waiting
+        self.crowded = waiting.crowded  # the group's ranks outnumber the cores
         self._sleeping = (at >> 3) + LINE_SLEEPING
         self._peers = [peers[r] for r in range(self.size) if r != rank]
         starts = [at + LINES_FIRST + parity * line_size(self.capacity) for parity in (0, 1)]
         self._starts = starts  # byte offsets of the two lines in every rank's segment
         self._maps = [peers[r].segment.map if r != rank else segment.map for r in range(self.size)]
+        self._addresses = [peers[r].segment.address if r != rank else segment.address for r in range(self.size)]
         self._heads = [start >> 3 for start in starts]  # our lines' first words
         self._wakes = [segment.address + start for start in starts]  # our line numbers' addresses
         self._shapes: dict[tuple, list[list[np.ndarray]]] = {}  # views by (dtype, count), see views()
@@ -93,6 +96,23 @@ class Lines:
         self._theirs = [[(peer, peer.words, start >> 3, peer.segment.address + start) for peer in self._peers]
                         for start in starts]
         self.spin = options.spin_s  # the spin window now, which follows the peers (see the module docstring)
+        self._closing: list[Callable[[], None]] = []  # see on_close()
+
+    def areas(self) -> tuple[int, ...]:
+        """The address in this process of every rank's lines area, in rank order (for the compiled engine)."""
+        return tuple(address + self.at for address in self._addresses)
+
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` when the lines close, before the segments are unmapped (the compiled engine
+        stops touching them there)."""
+        self._closing.append(hook)
+
+    def gone(self, rank: int) -> str | None:
+        """Why peer ``rank`` can no longer take part, or ``None`` (see :meth:`.peer.Peer.gone`)."""
+        return self._peer(rank).gone()
+
+    def _peer(self, rank: int) -> Peer:
+        return self._peers[rank if rank < self.rank else rank - 1]
 
     def views(self, dtype: np.dtype, count: int) -> list[list[np.ndarray]]:
         """Every rank's line payloads as ``count`` items of ``dtype``, ``[parity][rank]``: made once per
@@ -115,6 +135,9 @@ class Lines:
 
     def close(self) -> None:
         """Drop every view on the lines (before the segments are unmapped)."""
+        for hook in self._closing:
+            hook()
+        self._closing = []
         for shape in self._shapes.values():
             for per_rank in shape:
                 per_rank.clear()
@@ -150,7 +173,7 @@ class Lines:
             if words[head + LINE_NUMBER] != number:
                 self._await(peer, words, head, address, number, deadline, idle, idle_every)
             if words[head + LINE_CALL] != call or words[head + LINE_PRINT] != fingerprint:
-                raise self._mismatch(peer, number & 1)
+                raise self.mismatch(peer.rank, number & 1)
 
     def _await(self, peer: Peer, words: memoryview, head: int, address: int, number: int, deadline: float,
                idle, idle_every: float) -> None:
@@ -200,8 +223,9 @@ class Lines:
         elif waited > self.spin:
             self.spin = min(high, 2 * waited)
 
-    def _mismatch(self, peer: Peer, parity: int) -> AllreduceError:
-        """The error for a peer whose line differs from ours: each field that differs, named."""
+    def mismatch(self, rank: int, parity: int) -> AllreduceError:
+        """The error for peer ``rank`` whose line ``parity`` differs from ours: each field that differs, named."""
+        peer = self._peer(rank)
         start, head = self._starts[parity], self._heads[parity]
         theirs = peer.words[head + LINE_CALL]
         try:

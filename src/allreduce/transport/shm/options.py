@@ -32,6 +32,7 @@ class ShmOptions:
     spin_s: float = 50e-6  # busy-wait this long (not when ranks outnumber cores or the cores are busy)
     spin_max_s: float = 300e-6  # the lines widen their spin window up to this while peers arrive just after it
     yield_s: float = 150e-6  # then sched_yield until this long (not when the cores are busy), then sleep
+    awake_s: float = 5e-3  # the compiled lines keep a rank awake while the peer it awaits posted within this
     sleep_ms: int = 1  # longest sleep when no peer wakes us (a wake-up lost to a race costs this)
     check_s: float = 0.02  # how often a waiting rank looks for dead, closed or aborted peers
     cross_memory: bool = True  # read large private payloads with process_vm_readv where allowed
@@ -104,6 +105,7 @@ _RULES = {  # field -> (whether a value is allowed, the values allowed, in words
     "spin_s": (_at_least(0), "a number of seconds, at least 0"),
     "spin_max_s": (_at_least(0), "a number of seconds, at least 0"),
     "yield_s": (_at_least(0), "a number of seconds, at least 0"),
+    "awake_s": (_at_least(0), "a number of seconds, at least 0"),
     "sleep_ms": (_at_least(0), "a whole number of milliseconds, at least 0"),
     "check_s": (_at_least(0), "a number of seconds, at least 0"),
     "cross_memory": (lambda value: True, f"one of {', '.join(_TRUE + _FALSE)}"),

@@ -1,0 +1,107 @@
+"""The lines engine in C: the plans of :mod:`.lines`, each run by one call into ``allreduce.native._lines``.
+
+The compiled plan writes the payload, posts, waits for every peer's line, compares fingerprints,
+folds in rank order and copies out with the GIL released, in the Python engine's protocol and with
+its bits (the same kernels' results, :mod:`allreduce.native`'s ``kernels.c``). What the C side cannot
+decide alone it hands back: it returns ``WAITING`` at the end of each slice (``check_s``) so that
+Python looks for a gone peer, calls the idle hook, keeps the deadline and lets signal handlers run,
+then resumes it; and ``MISMATCH`` with the rank whose line differs, which Python words as the Python
+engine does. A pair the compiled kernels lack (complex PRODUCT) is planned by the Python lines engine,
+which shares this engine's round numbers, so both kinds of plan run in one group.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+import numpy as np
+
+from ..dtypes import code_of
+from ..errors import CommTimeout, PeerLost, with_peer
+from ..transport.shm.layout import line_size
+from .call import Call, reworded
+from .lines import LinesEngine, described
+
+_REDUCES = ("all_reduce", "reduce")
+
+
+class NativePlan:
+    """One call shape run by the compiled lines (see the module docstring)."""
+
+    __slots__ = ("engine", "call", "numbers", "native", "slice", "_where")
+
+    def __init__(self, engine: "NativeLinesEngine", call: Call, chunked: bool):
+        self.engine = engine
+        self.call = call
+        lines, module = engine.lines, engine.module
+        header, fingerprint = described(call)
+        count = call.count if call.collective != "barrier" else 0
+        per_line = lines.capacity // call.dtype.itemsize if chunked else 0
+        self.numbers = 2 * -(-count // per_line) if chunked else 1
+        self.native = engine.native.plan(module.KINDS[call.collective], code_of(call.dtype), int(call.op), count,
+                                         call.root, fingerprint, header, per_line)
+        self.slice = engine.slice
+        self._where = f"{call.collective} #%d ({call.algorithm})"
+
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
+            idle_every: float = 1.0) -> None:
+        """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
+        python = self.engine.python
+        number = python.numbered + 1  # the next line numbers (LinesEngine.take, inlined)
+        python.numbered += self.numbers
+        data, out = buffers.get("data"), buffers.get("out")
+        try:
+            state = self.native.run(number, seq, data, out, float(timeout), self.slice)
+            if state:
+                self._settle(state, data, out, idle, idle_every)
+        except BaseException as exc:
+            raise reworded(exc, self._where % seq, timeout) from exc
+
+    def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
+        """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each
+        return what the Python engine's wait does: the deadline, the gone-peer check, the idle hook."""
+        native, lines, waiting = self.native, self.engine.lines, self.engine.module.WAITING
+        quiet = time.monotonic()
+        while state:
+            if state != waiting:
+                raise lines.mismatch(native.peer, native.parity)
+            rank, now = native.waiting, time.monotonic()
+            if now >= native.deadline:
+                raise with_peer(CommTimeout(f"waiting for rank {rank}"), rank)
+            reason = lines.gone(rank)
+            if reason is not None:  # what it posted before it went still counts
+                state = native.resume(data, out, 0.0)
+                if state == waiting and native.waiting == rank:
+                    raise with_peer(PeerLost(reason), rank)
+                continue
+            if idle is not None and now - quiet >= idle_every:
+                idle()
+                quiet = now
+            state = native.resume(data, out, self.slice)
+
+
+class NativeLinesEngine:
+    """Plans calls on one group's ``lines`` in C where the compiled kernels reduce the call's pair."""
+
+    def __init__(self, lines, module: ModuleType):
+        self.lines = lines
+        self.module = module
+        self.python = LinesEngine(lines)  # the round numbers, and the plans of pairs C does not reduce
+        options = lines.options
+        self.native = module.Lines(lines.rank, lines.areas(), line_size(lines.capacity), lines.capacity,
+                                   options.spin_s, options.awake_s, options.yield_s, options.sleep_ms / 1000,
+                                   lines.crowded)
+        lines.on_close(self.native.close)
+        self.slice = max(options.check_s, 1e-3)  # how long a wait stays in C before Python's duties
+
+    def plan(self, entry, call: Call, options: dict):
+        """``call`` as a compiled plan of ``entry`` (``lines`` or ``chunked_lines``), or the Python
+        engine's where the kernels do not reduce its dtype and op."""
+        if call.collective in _REDUCES and not self.module.supported(code_of(call.dtype), int(call.op)):
+            return self.python.plan(entry, call, options)
+        return NativePlan(self, call, entry.name == "chunked_lines")
+
+    def close(self) -> None:
+        """Stop every plan touching the lines (the transport unmaps them later)."""
+        self.native.close()
