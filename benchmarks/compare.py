@@ -4,6 +4,8 @@
     python benchmarks/compare.py -n 2 --sizes 8,64K,1M,16M,64M --rounds 5
     python benchmarks/compare.py --variant cma:ALLREDUCE_SHM_STAGED_MAX=0   # a second allreduce setting
     python benchmarks/compare.py --tcp --sizes 8,64K,1M,16M   # and every system over TCP, in a table of its own
+    python benchmarks/compare.py -n 2 --sizes 8,64K --busy 1 --variant python:ALLREDUCE_ENGINE=python
+                                                       # beside a busy process, both engines
 
 Every system runs the same float32 SUM all-reduce sweep; the systems take turns round by round (so a
 noisy minute hurts all of them alike) and each size keeps the median of its rounds. The table gives
@@ -266,6 +268,8 @@ def main(argv=None) -> int:
                         help="also a table of every system over TCP loopback (allreduce on both engines, "
                              "Gloo, Open MPI's TCP transport)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--busy", type=int, default=0,
+                        help="run beside this many busy processes (`while 1: pass` each): a shared machine")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, [int(s) for s in args.sizes.split(",")])
@@ -292,6 +296,19 @@ def main(argv=None) -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, load average {load()} (1/5/15 min); "
           f"memory copy {memory_bandwidth():.1f} GB/s; loopback TCP {loopback_tcp():.2f} GB/s (one stream)")
     print(f"# {sys.executable} {' '.join(sys.argv)}")
+    if args.busy:
+        print(f"# beside {args.busy} busy process(es), started now and stopped at the end")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.busy)]
+    try:
+        return _compare(args, sizes, tables)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _compare(args, sizes: list[int], tables: dict[str, dict[str, tuple[str, dict, list]]]) -> int:
+    """Every round of every column of every table, then the tables (and the plot)."""
     per_n = {}
     for n in [int(v) for v in args.ranks.split(",")]:
         for title, columns in tables.items():

@@ -29,15 +29,24 @@ class BufferCollectives:
         api.broadcast(simple(buf, "buf", True), root, self.process_group())
 
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+        """All-reduce in the caller's thread (a blocking call of a shape already run costs what the numpy
+        API's costs: no request, no hand-off to the progress thread)."""
+        g, work, write_back = self._allreduced(sendbuf, recvbuf, op)
+        api.all_reduce(work, op.for_buffers(), g)
+        if write_back:
+            write_back()
 
     def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
         """Start an all-reduce; the result is in ``recvbuf`` once the request completes."""
-        recv = simple(recvbuf, "recvbuf", True)
-        g = self.process_group()
-        work, write_back = _in_place(op, _send(sendbuf, recv, copy=False), recv, g.size)
+        g, work, write_back = self._allreduced(sendbuf, recvbuf, op)
         started = api.all_reduce(work, op.for_buffers(), g, async_op=True)
         return Request(started, lambda: write_back and write_back())
+
+    def _allreduced(self, sendbuf, recvbuf, op: Op):
+        """The group, the buffer an all-reduce works on in place and what copies it back (or ``None``)."""
+        recv = simple(recvbuf, "recvbuf", True)
+        g = self.process_group()
+        return (g, *_in_place(op, _send(sendbuf, recv, copy=False), recv, g.size))
 
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
         g = self.process_group()
