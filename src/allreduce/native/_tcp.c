@@ -145,6 +145,9 @@ static int parse_program(PlanObject *p, reader *rd, const int *fds, int nfds, co
             memcpy(op->want, template, AR_HEADER_SIZE);
             ar_header_stamp(op->want, st->index, 0, (uint64_t)op->dst.len);
         }
+        st->small = 1;
+        for (int i = 0; i < st->nsends; i++) st->small &= st->sends[i].src.len <= SMALL_FRAME;
+        for (int i = 0; i < st->nrecvs; i++) st->small &= st->recvs[i].dst.len <= SMALL_FRAME;
         for (int i = 0; i < st->nrecvs && !rd->bad; i++)  /* receives' peers after every send's */
             if (add_to_link(st, st->recvs[i].peer, fds[st->recvs[i].peer], 0, i) < 0) return -1;
         if (st->nlinks > p->maxlinks) p->maxlinks = st->nlinks;

@@ -316,7 +316,8 @@ static int timed_out(run_t *r, step_plan *st) {
 
 /* Whether a rank whose links are quiet retries at once for ``spin`` seconds rather than sleep in poll
  * (a peer's answer due within microseconds would otherwise have to wake it). A score counts how
- * often spinning paid off lately: a spin that ends with bytes moving scores one, one that runs out
+ * often spinning paid off lately (only steps of small frames spin: a large one's next bytes come
+ * as the kernel moves them, and a spinning rank would take the core that does it): a spin that ends with bytes moving scores one, one that runs out
  * loses two; below SPIN_SCORE a rank sleeps at once but for every 16th wait, which probes again.
  * One late peer costs one spin; a busy machine, where the peer is rarely on a core when expected,
  * soon stops the spinning that would take the core from it. */
@@ -337,7 +338,7 @@ static int progress(run_t *r, step_plan *st) {
     link_state *states = p->states;
     struct pollfd *polls = p->polls;
     double quiet_since = tcp_now();
-    int try_all = 1, spinning = 0, spin_ok = may_spin(p);
+    int try_all = 1, spinning = 0, spin_ok = st->small && may_spin(p);
     for (;;) {
         int busy = 0;
         unsigned long before = r->moved;
@@ -359,7 +360,7 @@ static int progress(run_t *r, step_plan *st) {
         if (now >= r->deadline) return timed_out(r, st);
         if (r->moved != before) {
             quiet_since = now;
-            if (spinning) spin_ok = may_spin(p);
+            if (spinning) spin_ok = st->small && may_spin(p);
             spinning = 0;
         } else if (r->idle != Py_None && now - quiet_since >= r->idle_every) {
             if (call_idle(r) < 0) return -1;
@@ -389,7 +390,7 @@ static int progress(run_t *r, step_plan *st) {
             for (int i = 0; i < st->nlinks; i++) polls[i].revents = 0;
             if ((got == 0 || errno == EINTR) && check_signals(r) < 0) return -1;
         } else {
-            spin_ok = may_spin(p);  /* the next quiet spell may spin again */
+            spin_ok = st->small && may_spin(p);  /* the next quiet spell may spin again */
         }
     }
 }

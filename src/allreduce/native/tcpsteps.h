@@ -41,6 +41,7 @@ typedef struct { int peer, fd, nsends, nrecvs; int *sends, *recvs; } link_plan;
 typedef struct {
     uint32_t index;  /* the schedule's step number, carried in every frame of the step */
     int ncopies, nsends, nrecvs, nlinks;
+    int small;  /* every frame of the step is at most SMALL_FRAME: a reply may be due within microseconds */
     copy_op *copies;
     send_op *sends;
     recv_op *recvs;
