@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test native asan fuzz bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
+.PHONY: demo test native asan fuzz fuzz-frames bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,9 +44,23 @@ asan: $(STAMP)
 	  $(PY) -m pytest -q -p no:cacheprovider $(ASAN_TESTS); \
 	status=$$?; $(PY) setup.py --quiet build_ext --inplace --force && touch $(NATIVE_STAMP); exit $$status
 
-# The lines' reader fuzzed longer than the suite does (tests/native/test_fuzz_lines.py).
-fuzz: $(STAMP) $(NATIVE_STAMP)
+# The lines' reader fuzzed longer than the suite does (tests/native/test_fuzz_lines.py), and the TCP
+# engine's frame parser under libFuzzer.
+fuzz: $(STAMP) $(NATIVE_STAMP) fuzz-frames
 	LINES_FUZZ_ROUNDS=500000 $(PY) -m pytest -q -p no:cacheprovider tests/native/test_fuzz_lines.py
+
+# The frame header parser (native/frames.c) under libFuzzer with ASan and UBSan for FUZZ_SECONDS
+# (default 300); the suite runs it for a few seconds. Needs clang (apt-get install clang): skips,
+# saying so, where it is missing.
+FUZZ_SECONDS ?= 300
+FUZZ_DIR := build/fuzz
+fuzz-frames:
+	@if ! command -v clang >/dev/null 2>&1; then \
+	  echo "make fuzz-frames: skipped: clang is not installed (apt-get install clang)"; exit 0; fi; \
+	mkdir -p $(FUZZ_DIR)/corpus && \
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc/allreduce/native \
+	  fuzz/frame_header.c src/allreduce/native/frames.c -o $(FUZZ_DIR)/frame_header && \
+	$(FUZZ_DIR)/frame_header -max_total_time=$(FUZZ_SECONDS) -max_len=128 -print_final_stats=1 $(FUZZ_DIR)/corpus
 
 bench: $(STAMP)
 	$(VENV)/bin/allreduce bench -n 2 -b 8 -e 64M -f 4 --algorithm ring,tree

@@ -3,6 +3,7 @@
     python benchmarks/compare.py                       # 2 and 4 ranks, 8 B .. 64 MiB, 3 rounds
     python benchmarks/compare.py -n 2 --sizes 8,64K,1M,16M,64M --rounds 5
     python benchmarks/compare.py --variant cma:ALLREDUCE_SHM_STAGED_MAX=0   # a second allreduce setting
+    python benchmarks/compare.py --tcp --sizes 8,64K,1M,16M   # and every system over TCP, in a table of its own
     python benchmarks/compare.py -n 2 --sizes 8,64K --busy 1 --variant python:ALLREDUCE_ENGINE=python
                                                        # beside a busy process, both engines
 
@@ -12,7 +13,10 @@ latency in us up to 64 KiB and busbw (nccl-tests' 2(n-1)/n factor) above, rank 0
 for the latency sizes, and the ratio peer/allreduce of times (>1 means allreduce is faster). The header
 states the machine's own limits measured in the same run (memory copy bandwidth: np.copyto of 256 MiB;
 loopback TCP throughput) and its load average before and after. Systems that are not installed are
-skipped with a message.
+skipped with a message. With ``--tcp``, a second table per world size puts everyone on TCP loopback:
+allreduce over TCP on its compiled engine (``allreduce-tcp``) and on its Python engine
+(``allreduce-tcp-python``), Gloo (always TCP), and Open MPI restricted to its TCP transport
+(``mpi-tcp``: ``--mca btl tcp,self --mca pml ob1``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,14 @@ import numpy as np
 
 HERE = os.path.abspath(__file__)
 SYSTEMS = ("allreduce", "gloo", "mpi")
+MPI_TCP = ["--mca", "btl", "tcp,self", "--mca", "pml", "ob1"]  # Open MPI on TCP alone (no shared memory)
+# The TCP table's columns: (system, allreduce's environment, mpirun's extra arguments).
+TCP_RUNS = {
+    "allreduce-tcp": ("allreduce", {"ALLREDUCE_TRANSPORT": "tcp"}, []),
+    "allreduce-tcp-python": ("allreduce", {"ALLREDUCE_TRANSPORT": "tcp", "ALLREDUCE_ENGINE": "python"}, []),
+    "gloo": ("gloo", {}, []),
+    "mpi-tcp": ("mpi", {}, MPI_TCP),
+}
 
 
 # ---- workers: one process per rank, each prints nothing but rank 0's JSON line ------------------
@@ -98,12 +110,12 @@ def missing(system: str) -> str | None:
 
 
 def run_system(system: str, n: int, sizes: list[int], timeout: float,
-               extra_env: dict | None = None) -> dict[int, tuple[float, float]]:
+               extra_env: dict | None = None, mpi_args: list[str] | None = None) -> dict[int, tuple[float, float]]:
     """``{size: (seconds, cpu seconds) per call}`` of one sweep of ``system`` on ``n`` ranks."""
     args = [sys.executable, HERE, "--worker", system, "--sizes", ",".join(map(str, sizes))]
     if system == "mpi":
         cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"] + (
-            ["--allow-run-as-root"] if os.geteuid() == 0 else []) + args
+            ["--allow-run-as-root"] if os.geteuid() == 0 else []) + (mpi_args or []) + args
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     else:
         cmd = [sys.executable, "-m", "allreduce", "run", "-n", str(n), "--no-tag-output", "--"] + args
@@ -252,6 +264,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                         help="also run allreduce with these environment variables, as column allreduce-NAME")
     parser.add_argument("--plot", default="out/compare.png", help="PNG path ('' for none)")
+    parser.add_argument("--tcp", action="store_true",
+                        help="also a table of every system over TCP loopback (allreduce on both engines, "
+                             "Gloo, Open MPI's TCP transport)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--busy", type=int, default=0,
                         help="run beside this many busy processes (`while 1: pass` each): a shared machine")
@@ -265,16 +280,19 @@ def main(argv=None) -> int:
         sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.factor)
     else:
         sizes = sorted(parse_bytes(s) for s in args.sizes.split(","))
-    runs: dict[str, tuple[str, dict]] = {}  # column -> (system, extra environment)
-    for system in args.systems.split(","):
-        why = missing(system)
-        if why:
-            print(f"# skipping {system}: {why}")
+    runs: dict[str, tuple[str, dict, list]] = {}  # column -> (system, extra environment, mpirun arguments)
+    reasons = {system: missing(system) for system in SYSTEMS}
+    for system in filter(None, args.systems.split(",")):  # --systems '' leaves only the TCP table
+        if reasons[system]:
+            print(f"# skipping {system}: {reasons[system]}")
         else:
-            runs[system] = (system, {})
+            runs[system] = (system, {}, [])
     for variant in args.variant:
         name, _, assignments = variant.partition(":")
-        runs[f"allreduce-{name}"] = ("allreduce", dict(a.split("=", 1) for a in assignments.split(",") if a))
+        runs[f"allreduce-{name}"] = ("allreduce", dict(a.split("=", 1) for a in assignments.split(",") if a), [])
+    tables = {"": runs} if runs else {}  # title -> its columns
+    if args.tcp:
+        tables[" over TCP loopback"] = {column: run for column, run in TCP_RUNS.items() if not reasons[run[0]]}
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs, load average {load()} (1/5/15 min); "
           f"memory copy {memory_bandwidth():.1f} GB/s; loopback TCP {loopback_tcp():.2f} GB/s (one stream)")
     print(f"# {sys.executable} {' '.join(sys.argv)}")
@@ -282,25 +300,28 @@ def main(argv=None) -> int:
         print(f"# beside {args.busy} busy process(es), started now and stopped at the end")
     hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.busy)]
     try:
-        return _compare(args, sizes, runs)
+        return _compare(args, sizes, tables)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
 
 
-def _compare(args, sizes: list[int], runs: dict[str, tuple[str, dict]]) -> int:
-    """Every round of every column, then the tables (and the plot)."""
+def _compare(args, sizes: list[int], tables: dict[str, dict[str, tuple[str, dict, list]]]) -> int:
+    """Every round of every column of every table, then the tables (and the plot)."""
     per_n = {}
     for n in [int(v) for v in args.ranks.split(",")]:
-        rounds: dict[str, list] = {column: [] for column in runs}
-        for round_ in range(args.rounds):
-            for column, (system, env) in runs.items():
-                rounds[column].append(run_system(system, n, sizes, args.timeout, env))
-                print(f"# {n} ranks, round {round_ + 1}/{args.rounds}: {column} done (load {load()})", file=sys.stderr)
-        per_n[n] = {column: median_of(r) for column, r in rounds.items()}
-        print(f"\n## {n} ranks (float32 SUM, median of {args.rounds} rounds; load average now {load()})\n")
-        print("\n".join(table(n, sizes, per_n[n])))
+        for title, columns in tables.items():
+            rounds: dict[str, list] = {column: [] for column in columns}
+            for round_ in range(args.rounds):
+                for column, (system, env, mpi_args) in columns.items():
+                    rounds[column].append(run_system(system, n, sizes, args.timeout, env, mpi_args))
+                    print(f"# {n} ranks{title}, round {round_ + 1}/{args.rounds}: {column} done (load {load()})",
+                          file=sys.stderr)
+            results = {column: median_of(r) for column, r in rounds.items()}
+            per_n.setdefault(n, results)  # the plot shows the first table
+            print(f"\n## {n} ranks{title} (float32 SUM, median of {args.rounds} rounds; load average now {load()})\n")
+            print("\n".join(table(n, sizes, results)))
     if args.plot:
         plot(args.plot, per_n)
         print(f"\nplot: {args.plot}")

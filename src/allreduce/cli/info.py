@@ -72,15 +72,19 @@ def _cross_memory() -> str:
 
 
 def engine(env: dict[str, str]) -> str:
-    """Which engine runs the shared-memory lines here, and why: the compiled one where ``ALLREDUCE_ENGINE``
-    allows it and it was built (schedules run in Python)."""
+    """Which engine runs the shared-memory lines and the schedules here, and why: the compiled one where
+    ``ALLREDUCE_ENGINE`` allows it and it was built (schedules over plain TCP links; TLS and shared
+    memory schedules run in Python)."""
     try:
         module, why = native.chosen("lines", Settings.from_env(env))
     except (ImportError, ValueError) as exc:
         return f"none: {exc}"
     if module is None:
         return f"python ({why})"
-    return f"native for the shared-memory lines ({why}; ALLREDUCE_ENGINE={env.get('ALLREDUCE_ENGINE') or 'auto'}), python for schedules"
+    tcp, _ = native.load("tcp")
+    schedules = "native for schedules over plain TCP, python for the others" if tcp else "python for schedules"
+    return (f"native for the shared-memory lines ({why}; ALLREDUCE_ENGINE={env.get('ALLREDUCE_ENGINE') or 'auto'}), "
+            f"{schedules}")
 
 
 def profile_in_use(env: dict[str, str]) -> str:

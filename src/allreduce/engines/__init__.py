@@ -9,11 +9,13 @@ before its first run and reused for every later call of that shape. The group on
 - :class:`LinesEngine` (:mod:`.lines`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
   shared-memory lines of a group whose ranks share one host;
 - :class:`NativeLinesEngine` (:mod:`.native_lines`) runs the same plans in C, one call per run with the
-  GIL released (``allreduce.native._lines``), where the extension was built.
+  GIL released (``allreduce.native._lines``), where the extension was built;
+- :class:`NativeTcpEngine` (:mod:`.native_tcp`) runs the schedules of a group whose every link is a
+  plain TCP socket in C, one call per run with the GIL released (``allreduce.native._tcp``).
 
 Which engine plans a call follows from the algorithm the plan chose (an entry that runs on the lines,
-where the transport has them), never from probing objects; whether the lines run in C follows from
-``ALLREDUCE_ENGINE`` and the build. Every engine implements the same two methods:
+where the transport has them), never from probing objects; whether the lines or the schedules run in
+C follows from ``ALLREDUCE_ENGINE``, the build and (for schedules) the links. Every engine implements the same two methods:
 ``plan(entry, call, options)`` and ``close()``.
 """
 
@@ -27,6 +29,7 @@ from ..algorithms import Algorithm
 from .call import Call, reworded
 from .lines import LinesEngine
 from .native_lines import NativeLinesEngine
+from .native_tcp import NativeTcpEngine, engine_for
 from .schedules import ScheduleEngine
 
 
@@ -55,4 +58,5 @@ class Engine(Protocol):
         """Drop what the planned calls hold of the transport (views of shared memory)."""
 
 
-__all__ = ["Call", "Engine", "LinesEngine", "NativeLinesEngine", "Planned", "ScheduleEngine", "reworded"]
+__all__ = ["Call", "Engine", "LinesEngine", "NativeLinesEngine", "NativeTcpEngine", "Planned", "ScheduleEngine",
+           "engine_for", "reworded"]

@@ -36,17 +36,11 @@ class ScheduleEngine:
 
     def __init__(self, transport: Transport):
         self.transport = transport
-        self._scratch = np.empty(0, np.uint8)
-        self._staging: list[np.ndarray] = []
+        self.scratch = Scratch()
 
     def plan(self, entry: algorithms.Algorithm, call: Call, options: dict) -> "Scheduled":
-        """``call`` as ``entry``'s schedule for this rank, its steps worked out (see :func:`_steps`)."""
-        rank, size = self.transport.rank, self.transport.size
-        if collectives.get(call.collective).root_sends_only and size > 1:
-            schedule = _confirmed(entry, rank, size, call.count, call.root, **options)
-        else:
-            schedule = entry(rank, size, call.count, root=call.root, **options)
-        return Scheduled(self, call, schedule)
+        """``call`` as ``entry``'s schedule for this rank, its steps worked out (see :func:`steps_of`)."""
+        return Scheduled(self, call, schedule_for(entry, call, self.transport.rank, self.transport.size, options))
 
     def close(self) -> None:
         """Nothing to drop: schedules hold no view of the transport."""
@@ -57,7 +51,7 @@ class ScheduleEngine:
         provided here. See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         call, schedule = planned.call, planned.schedule
         deadline = time.monotonic() + timeout
-        arrays = dict(buffers, tmp=self._scratch_for(schedule.tmp, call.dtype))
+        arrays = dict(buffers, tmp=self.scratch.tmp(schedule.tmp * call.dtype.itemsize).view(call.dtype))
         raw = {name: memoryview(a.view(np.uint8)) for name, a in arrays.items()}
         itemsize = call.dtype.itemsize
         ufunc = planned.ufunc
@@ -82,7 +76,8 @@ class ScheduleEngine:
                         recv_specs.append(RecvSpec(peer, header(index, dest.nbytes), dest))
                         continue
                     reducer = _Reducer(ufunc, arrays[acc.buf][acc.start:acc.stop],
-                                       arrays[dst.buf][dst.start:dst.stop], self._stage(slot, dst.count, call.dtype))
+                                       arrays[dst.buf][dst.start:dst.stop],
+                                       self.scratch.stage(slot, dst.count * itemsize).view(call.dtype))
                     if later:
                         deferred.append(reducer)
                     recv_specs.append(RecvSpec(peer, header(index, reducer.dest.nbytes), reducer.dest,
@@ -94,19 +89,30 @@ class ScheduleEngine:
             where = f"{call.collective} #{seq} ({call.algorithm}, step {index + 1}/{len(schedule.steps)})"
             raise reworded(exc, where, timeout) from exc
 
-    def _scratch_for(self, count: int, dtype: np.dtype) -> np.ndarray:
-        nbytes = count * dtype.itemsize
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes].view(dtype)
 
-    def _stage(self, slot: int, count: int, dtype: np.dtype) -> np.ndarray:
-        nbytes = count * dtype.itemsize
-        if slot == len(self._staging):
+
+class Scratch:
+    """An engine's scratch (``tmp``) and staging memory, kept between calls: it only grows, so that a
+    steady stream of collectives allocates nothing. ``grown`` counts the times it did."""
+
+    def __init__(self):
+        self._tmp = np.empty(0, np.uint8)
+        self._staging: list[np.ndarray] = []
+        self.grown = 0
+
+    def tmp(self, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of the scratch buffer, as bytes."""
+        if self._tmp.nbytes < nbytes:
+            self._tmp, self.grown = np.empty(nbytes, np.uint8), self.grown + 1
+        return self._tmp[:nbytes]
+
+    def stage(self, slot: int, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of staging buffer ``slot`` (a receive's place in its step), as bytes."""
+        while slot >= len(self._staging):
             self._staging.append(np.empty(0, np.uint8))
         if self._staging[slot].nbytes < nbytes:
-            self._staging[slot] = np.empty(nbytes, np.uint8)
-        return self._staging[slot][:nbytes].view(dtype)
+            self._staging[slot], self.grown = np.empty(nbytes, np.uint8), self.grown + 1
+        return self._staging[slot][:nbytes]
 
 
 class _Reducer:
@@ -143,7 +149,7 @@ class Scheduled:
 
     def __init__(self, engine: ScheduleEngine, call: Call, schedule: Schedule):
         self.engine, self.call, self.schedule = engine, call, schedule
-        self.steps = _steps(schedule)
+        self.steps = steps_of(schedule)
         self.ufunc = kernel(call.op, call.dtype)
 
     def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
@@ -151,7 +157,15 @@ class Scheduled:
         self.engine.execute(self, buffers, seq, timeout, idle, idle_every)
 
 
-def _steps(schedule: Schedule) -> tuple:
+def schedule_for(entry: algorithms.Algorithm, call: Call, rank: int, size: int, options: dict) -> Schedule:
+    """This rank's schedule of ``call`` by ``entry`` with the group's ``options``: the algorithm's own, or
+    for a collective whose root only sends, the confirmed one (see :func:`_confirmed`)."""
+    if collectives.get(call.collective).root_sends_only and size > 1:
+        return _confirmed(entry, rank, size, call.count, call.root, **options)
+    return entry(rank, size, call.count, root=call.root, **options)
+
+
+def steps_of(schedule: Schedule) -> tuple:
     """The schedule's non-empty steps as ``(index, copies, sends, receives)`` tuples, worked out once per planned call.
 
     A receive is ``(peer, dst, reduce, later)``: ``later`` marks a second reduce into a region another

@@ -6,7 +6,7 @@ again), and that where every member shares this host the lines take what they se
 rule, given the lines' limits). A choice depends only on what every rank knows alike (the group, the
 call's shape, the settings), never on timing. The lines algorithms run on the lines engine (the
 compiled one where ``ALLREDUCE_ENGINE`` allows it and it was built, :func:`lines_engine`); every other
-algorithm on the schedule engine.
+algorithm on the schedule engine (compiled too where every link is plain TCP, :func:`schedule_engine`).
 
 Every registered algorithm is digested once per group with the options the group supplies
 (:func:`digests`); the digest is part of the fingerprint ranks compare, so ranks that would run
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import algorithms, collectives, logs, native, planner, wire
-from ..engines import Call, Engine, LinesEngine, NativeLinesEngine, Planned
+from ..engines import Call, Engine, LinesEngine, NativeLinesEngine, Planned, ScheduleEngine, engine_for
 from ..memo import Memo
 from ..ops import ReduceOp
 from ..algorithms.lines import LineLimits
@@ -58,6 +58,18 @@ def lines_engine(lines, settings: Settings) -> tuple[Engine | None, str]:
     if module is None:
         return LinesEngine(lines), f"python ({why})"
     return NativeLinesEngine(lines, module), f"native ({why})"
+
+
+def schedule_engine(transport, settings: Settings) -> Engine:
+    """The engine for the schedules of a group on ``transport``: the compiled one where ``settings``
+    allow, the extension loaded and every link is a plain TCP socket (:func:`..engines.engine_for`),
+    else the Python one.
+
+    Raises:
+        ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine is missing (naming why).
+    """
+    module, _ = native.chosen("tcp", settings)
+    return engine_for(transport, module) or ScheduleEngine(transport)
 
 
 class Choice:

@@ -28,7 +28,6 @@ import weakref
 
 import numpy as np
 
-from ..engines import ScheduleEngine
 from ..errors import AllreduceError, Interrupted, Mismatch
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
@@ -39,7 +38,7 @@ from ..topology import Topology, from_host_ids
 from ..transport import Transport
 from ..transport.shm import ShmOptions
 from ..work import Work
-from .choice import Choice, lines_engine
+from .choice import Choice, lines_engine, schedule_engine
 from .claims import Claims
 from .health import Health
 from .life import Life, State
@@ -82,7 +81,8 @@ class ProcessGroup:
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None
         on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
-        self._choice = Choice(size, name, self.topology, intra, self.settings, ScheduleEngine(transport), on_lines,
+        self._choice = Choice(size, name, self.topology, intra, self.settings, schedule_engine(transport, self.settings),
+                              on_lines,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
         self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
         self._cv = threading.Condition(self._lock)

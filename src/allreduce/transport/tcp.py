@@ -74,9 +74,7 @@ class _Link:
         self.got = 0
 
     def lost(self, exc: BaseException | None = None) -> PeerLost:
-        why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
-        return with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"),
-                         self.peer)
+        return lost(self.peer, exc)
 
     def push(self, *buffers: memoryview) -> None:
         """Queue one frame: its header and payload buffers."""
@@ -164,8 +162,7 @@ class _Link:
             self.recv_some()  # frames still expected come first; reading on ends in their ABORT or the close
             head = self.sock.recv(wire.HEADER_SIZE) if self.hdr_got == 0 else b""  # the link is lost: consume
             if len(head) == wire.HEADER_SIZE and wire.decode(head).kind == wire.ABORT:
-                reason = read_abort_reason(self.sock, b"", wire.decode(head).nbytes)
-                return with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
+                return aborted(self.peer, read_abort_reason(self.sock, b"", wire.decode(head).nbytes))
         except AllreduceError as error:
             return error
         except OSError:
@@ -177,17 +174,46 @@ class _Link:
             return
         try:
             header = wire.decode(self.hdr)
-        except ProtocolError as exc:
-            raise with_peer(ProtocolError(f"from rank {self.peer}: {exc}"), self.peer) from None
-        if header.kind == wire.ABORT:  # the small-frame read may have taken the start of the reason already
-            early = bytes(spec.dest[:min(self.got, header.nbytes)])
-            reason = read_abort_reason(self.sock, early, header.nbytes)
-            raise with_peer(PeerLost(f"rank {self.peer} aborted: {reason}"), self.peer)
-        try:
-            wire.check(spec.header, header)
-        except AllreduceError as exc:
-            raise with_peer(type(exc)(f"rank {self.peer}: {exc}"), self.peer) from None
+        except ProtocolError:
+            header = None  # worded below
+        if header is not None and header.kind == wire.ABORT:
+            early = bytes(spec.dest[:min(self.got, header.nbytes)])  # the small-frame read may have taken some
+            raise aborted(self.peer, read_abort_reason(self.sock, early, header.nbytes))
+        error = unexpected(self.peer, spec.header, bytes(self.hdr))
+        if error is not None:
+            raise error
 
+
+
+def lost(peer: int, exc: BaseException | None = None) -> PeerLost:
+    """The error for the link to ``peer`` closed or failed (``exc``, the OS's error, if any)."""
+    why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
+    return with_peer(PeerLost(f"connection to rank {peer} closed{why}: it exited, crashed or aborted"), peer)
+
+
+def aborted(peer: int, reason: str) -> PeerLost:
+    """The error for an ABORT frame from ``peer`` giving ``reason``."""
+    return with_peer(PeerLost(f"rank {peer} aborted: {reason}"), peer)
+
+
+def unexpected(peer: int, expected: wire.Header, got: bytes) -> AllreduceError | None:
+    """The error for a header ``got`` from ``peer`` where ``expected`` was due (not an ABORT):
+    ``ProtocolError`` for bytes that are no header, ``Mismatch`` naming every field that differs;
+    ``None`` where the fields agree (only padding differs)."""
+    try:
+        header = wire.decode(got)
+    except ProtocolError as exc:
+        return with_peer(ProtocolError(f"from rank {peer}: {exc}"), peer)
+    try:
+        wire.check(expected, header)
+    except AllreduceError as exc:
+        return with_peer(type(exc)(f"rank {peer}: {exc}"), peer)
+    return None
+
+
+def stalled(peer: int, receiving: bool) -> CommTimeout:
+    """The error at the deadline for the link to ``peer``, still receiving or still sending."""
+    return with_peer(CommTimeout(f"{'waiting for' if receiving else 'waiting to send to'} rank {peer}"), peer)
 
 
 class TcpTransport(Transport):
@@ -268,9 +294,23 @@ class TcpTransport(Transport):
 
     def _timeout(self, busy: dict[int, _Link]) -> CommTimeout:
         waiting = [l for l in busy.values() if l.inq] or list(busy.values())
-        link = waiting[0]
-        what = "waiting for" if link.inq else "waiting to send to"
-        return with_peer(CommTimeout(f"{what} rank {link.peer}"), link.peer)
+        return stalled(waiting[0].peer, bool(waiting[0].inq))
+
+    def descriptors(self) -> list[int] | None:
+        """Each peer's socket descriptor by rank (-1 for this rank), for an engine that moves the frames
+        itself (the compiled one, between its calls nothing of theirs is held here); ``None`` where a
+        link is not a plain socket (TLS carries it) or the links are closed."""
+        socks = {peer: link.sock for peer, link in self._links.items()}
+        if len(socks) != self.size - 1 or any(type(sock) is not socket.socket for sock in socks.values()):
+            return None
+        return [socks[peer].fileno() if peer != self.rank else -1 for peer in range(self.size)]
+
+    def unfinished(self, peer: int, rest: bytes, frame: int) -> None:
+        """An engine that moved the frames itself left ``rest``, the end of a ``frame``-byte frame, half
+        sent to ``peer``: :meth:`abort` finishes it before its ABORT."""
+        link = self._links.get(peer)
+        if link is not None and rest:
+            link.out, link.frames, link.sent = deque([memoryview(rest)]), deque([frame]), frame - len(rest)
 
     def abort(self, reason: str) -> None:
         """Finish the frames half sent, send every peer ABORT with ``reason``, and close (module docstring)."""

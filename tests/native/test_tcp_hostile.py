@@ -1,0 +1,117 @@
+"""Hostile bytes at the compiled TCP engine: nothing a peer sends can crash it or hang it.
+
+A plan that expects one frame (copied, or reduced through staging) reads from one end of a socket
+pair while the test writes at the other: random bytes, headers cut short, headers of the wrong
+size, ABORTs whose reason is cut or claims more than the limit, a right header with too little
+payload, then the link closed or left open. Every run must come back with a failure the Python
+side can word (a header, an ABORT, a lost link, a deadline) or, for the one right frame, with the
+payload in place. The frame parser alone runs for a few seconds under libFuzzer (``make fuzz-frames``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allreduce import collectives, wire
+
+tcp = pytest.importorskip("allreduce.native._tcp", reason="the compiled engine is not built")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COUNT, SEQ = 6, 41  # float32 elements the plan expects, and the run's sequence number
+EXPECTED = wire.Header(wire.DATA, collectives.get("all_reduce").code, 11, 0, 0, 0, SEQ, COUNT, COUNT * 4, 5)
+FAILURES = {tcp.RUN_HEADER, tcp.RUN_ABORT, tcp.RUN_LOST, tcp.RUN_TIMEOUT}
+
+
+def _plan(reduce: bool):
+    """A plan of one step: receive COUNT float32 from rank 1 into data (or reduced into it through tmp)."""
+    acc, stage = (0, 2) if reduce else (-1, -1)
+    words = [1, 0, 0, 0, 1, 1, 0, 0, COUNT * 4, acc, 0, stage, 0]
+    return struct.pack(f"<{len(words)}q", *words)
+
+
+def _run(data: bytes, close: bool, reduce: bool):
+    """What a run of the one-frame plan returns while ``data`` arrives (then the link closes, if ``close``)."""
+    mine, theirs = socket.socketpair()
+    mine.setblocking(False)
+    try:
+        template = wire.encode(EXPECTED._replace(seq=0, nbytes=0))
+        plan = tcp.Plan([-1, mine.fileno()], _plan(reduce), template, 3, 4, 0, 11, lambda *args: None)
+        plan.bind((np.zeros(COUNT, np.float32),))
+        theirs.sendall(data)
+        if close:
+            theirs.shutdown(socket.SHUT_WR)
+        out = np.ones(COUNT, np.float32)
+        return plan.run({"data": out}, SEQ, 0.1, None, 1.0), out
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def _check(data: bytes, close: bool, reduce: bool) -> None:
+    why, out = _run(data, close, reduce)
+    if why is None:  # only the expected frame completes the run (its padding byte aside, as in Python)
+        assert wire.decode(data[:wire.HEADER_SIZE]) == EXPECTED and len(data) >= wire.HEADER_SIZE + COUNT * 4
+        payload = np.frombuffer(data[wire.HEADER_SIZE:wire.HEADER_SIZE + COUNT * 4], np.float32)
+        assert out.tobytes() == (payload + 1 if reduce else payload).tobytes()
+        return
+    status, step, peer, detail, half_sent = why
+    assert status in FAILURES and step == 0 and peer == 1 and half_sent == []
+    if status == tcp.RUN_ABORT:
+        assert isinstance(detail, bytes) and len(detail) <= wire.MAX_ABORT_REASON
+    if status == tcp.RUN_HEADER:
+        got, want = detail
+        assert want == wire.encode(EXPECTED) and got == data[:wire.HEADER_SIZE]
+
+
+def _frames():
+    good = wire.encode(EXPECTED)
+    abort = wire.abort_frame("peer gave up")
+    huge = bytearray(abort[:wire.HEADER_SIZE])
+    huge[32:40] = struct.pack("<Q", 1 << 62)
+    return st.one_of(
+        st.binary(max_size=200),  # anything
+        st.integers(0, wire.HEADER_SIZE).map(lambda n: good[:n]),  # a header cut short
+        st.integers(0, COUNT * 4).map(lambda n: good + bytes(n)),  # too little payload
+        st.integers(0, len(abort)).map(lambda n: abort[:n]),  # an ABORT cut anywhere
+        st.just(bytes(huge) + b"x" * 10),  # an ABORT that claims a reason beyond the limit
+        st.binary(min_size=1, max_size=8).map(lambda b: good[:-8] + b.ljust(8, b"\0")),  # wrong nbytes
+        st.builds(lambda at, v: good[:at] + bytes([v]) + good[at + 1:] + bytes(COUNT * 4),
+                  st.integers(0, wire.HEADER_SIZE - 1), st.integers(0, 255)),  # one byte changed
+    )
+
+
+@settings(max_examples=250, deadline=None)
+@given(_frames(), st.booleans(), st.booleans())
+def test_hostile_frames_on_a_socket_fail_cleanly(data, close, reduce):
+    _check(data, close, reduce)
+
+
+def test_the_expected_frame_lands_in_place_or_reduced():
+    payload = np.arange(COUNT, dtype=np.float32)
+    frame = wire.encode(EXPECTED) + payload.tobytes()
+    assert _run(frame, False, False)[0] is None and _run(frame, False, False)[1].tolist() == payload.tolist()
+    why, out = _run(frame, False, True)
+    assert why is None and out.tolist() == (payload + 1).tolist()
+
+
+def test_an_abort_comes_back_with_its_reason():
+    why, _ = _run(wire.abort_frame("rank 1 ran out of memory"), True, False)
+    assert why[0] == tcp.RUN_ABORT and why[3] == b"rank 1 ran out of memory"
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed: `make fuzz-frames` needs it")
+def test_the_parser_survives_a_few_seconds_of_libfuzzer():
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # `make asan` preloads gcc's ASan, not clang's
+    done = subprocess.run(["make", "-s", "fuzz-frames", "FUZZ_SECONDS=5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Done" in done.stderr and "ERROR" not in done.stderr
