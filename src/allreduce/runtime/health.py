@@ -35,6 +35,7 @@ class Health:
         self.rank, self.size = rank, size
         self.interval = interval  # heartbeat period, and quiet time before inspecting peers
         self.started: tuple[int, Call] | None = None  # (seq, call) of the last collective this rank began
+        self.interrupt: AllreduceError | None = None  # raised by the next inspection: the group was revoked
         self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
         self._stopping = stopping
         self.thread = threading.Thread(target=self._beat, name=f"allreduce-{name}-heartbeat", daemon=True)
@@ -69,7 +70,10 @@ class Health:
 
     def inspect(self) -> None:
         """While stuck in the collective begun last: raise :class:`Mismatch` if a peer is in a different
-        collective #seq. What it saw is kept for the stall report, should the store be gone by the deadline."""
+        collective #seq, or :attr:`interrupt` once set (the group was revoked). What it saw is kept for the
+        stall report, should the store be gone by the deadline."""
+        if self.interrupt is not None:
+            raise self.interrupt
         seq, call = self.started
         try:
             states = self._peer_states(self.store.within(self.interval))  # late by an interval at most

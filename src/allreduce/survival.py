@@ -1,0 +1,106 @@
+"""Going on without the dead: the lifelines of a job, and shrinking a group to its survivors.
+
+:func:`start` joins every process of the job by its lifeline (:mod:`.runtime.lifeline`) when the
+default group forms, while the store is certainly up; from then on the survivors of any death can
+agree (:mod:`.runtime.agreement`) without the store. :func:`shrink` forms the group of the survivors:
+one agreement settles which ranks go and where the new group's store is, then the survivors form it
+as any group forms. The store stays where it was if its coordinator can still reach it; else (its host
+died: rank 0 under ``env://`` and ``allreduce run``) the coordinator hosts a fresh one, and the
+decision carries its address.
+"""
+
+from __future__ import annotations
+
+from . import rendezvous
+from .bootstrap import bind_host, form_group
+from .errors import PeerLost, with_peer
+from .runtime import ProcessGroup
+from .runtime.lifeline import Lifeline
+from .runtime.membership import Survival
+from .security import Security
+from .settings import Settings
+from .transport.shm import ShmOptions
+
+PROBE_S = 1.0  # seconds the coordinator of a shrink gives the old store to answer before hosting a new one
+
+
+def start(world: ProcessGroup, settings: Settings) -> Survival:
+    """Join the processes of the freshly formed default group ``world`` by their lifelines, ids being
+    their world ranks, and give it its membership."""
+    security = Security.of(settings).among(len(world.topology.hosts))
+    line = Lifeline.connect(world.store, world.rank, world.size, bind_host(world.store, settings), security,
+                            world.timeout)
+    survival = Survival(line)
+    survival.enroll(world, list(range(world.size)))
+    return survival
+
+
+def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, shm_options: ShmOptions,
+           renumber: bool) -> ProcessGroup:
+    """The group of ``group``'s members less ``exclude`` (``None``: its failed members, as agreed), the
+    survivors in their order; ``renumber``: its world ranks are its own (it becomes the default group).
+
+    Raises:
+        RuntimeError: the group has no lifelines. ValueError: ``exclude`` names a rank out of range, or this one.
+        PeerLost: a member that is not excluded is known dead. CommTimeout: a member did not take part.
+    """
+    membership = group.membership
+    if membership is None:
+        raise RuntimeError(f"rank {group.rank}/{group.size}: process group '{group.name}' has no lifelines "
+                           "(only the groups of init_process_group and those formed from it can shrink)")
+    if exclude is not None:
+        exclude = sorted({int(r) for r in exclude})
+        if any(not 0 <= r < group.size for r in exclude) or group.rank in exclude:
+            raise ValueError(f"rank {group.rank}/{group.size}: shrink_group ranks_to_exclude must be ranks of "
+                             f"0..{group.size - 1} other than this one, got {exclude}")
+
+    def choose(failed: list[int]) -> dict:  # on the coordinator: who goes, and where the store is
+        gone = sorted(set(failed) if exclude is None else exclude)
+        return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone))}
+
+    membership.agree(-1, group.timeout, "shrink_group", choose)
+    gone, where = membership.decided.extra["gone"], membership.decided.extra["store"]
+    if group.rank in gone:  # the coordinator counted this rank out (told to exclude it)
+        raise ValueError(f"rank {group.rank}/{group.size}: shrink_group excluded this rank")
+    lost = [r for r in membership.failed() if r not in gone]
+    if lost:
+        raise with_peer(PeerLost(f"rank {group.rank}/{group.size}: shrink_group of process group '{group.name}': "
+                                 f"rank {lost[0]} is dead but not excluded"), lost[0])
+    members = [r for r in range(group.size) if r not in gone]
+    name = f"{group.name}.shrink{membership.agreements}"
+    store = _reach(group, where, settings, name, len(members))
+    ranks = list(range(len(members))) if renumber else [group.ranks[r] for r in members]
+    shrunk = form_group(store, members.index(group.rank), len(members), group.timeout, name, ranks, settings,
+                        shm_options)
+    membership.survival.enroll(shrunk, [membership.ids[r] for r in members])
+    return shrunk
+
+
+def _store_for(group: ProcessGroup, settings: Settings, size: int):
+    """``None`` if the group's store still answers the coordinator, else ``[host, port]`` of a new store
+    this process hosts for the shrunk group."""
+    try:
+        group.store.within(PROBE_S).check(["lifeline"])
+        return None
+    except Exception:  # gone (its host died) or silent: host one here
+        pass
+    host = bind_host(group.store, settings)
+    store = rendezvous.TCPStore(host, 0, is_server=True, timeout=group.timeout, world_size=size,
+                                security=Security.of(settings))
+    _hosted.append(store)
+    return [host, store.port]
+
+
+_hosted: list = []  # the stores this process hosts for shrunk groups until it reaches them as a member
+
+
+def _reach(group: ProcessGroup, where, settings: Settings, name: str, size: int):
+    """The store the shrunk group ``name`` forms on: a view of the old one, or the new one at ``where``."""
+    if where is None:
+        return group.store.prefix(name)
+    host, port = where
+    for store in _hosted:
+        if store.port == port:
+            _hosted.remove(store)
+            return store
+    return rendezvous.TCPStore(host, port, timeout=group.timeout, world_size=size, security=Security.of(settings))
