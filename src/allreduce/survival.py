@@ -58,7 +58,8 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
         gone = sorted(set(failed) if exclude is None else exclude)
         return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone))}
 
-    membership.agree(-1, group.timeout, "shrink_group", choose)
+    among = None if exclude is None else [r for r in range(group.size) if r not in exclude]
+    membership.agree(-1, group.timeout, "shrink_group", choose, among)
     gone, where = membership.decided.extra["gone"], membership.decided.extra["store"]
     if group.rank in gone:  # the coordinator counted this rank out (told to exclude it)
         raise ValueError(f"rank {group.rank}/{group.size}: shrink_group excluded this rank")

@@ -15,7 +15,7 @@ from . import logs, rendezvous, survival, topology
 from .arguments import Timeout, timeout_seconds
 from .bootstrap import form_group, leave, release
 from .runtime import ProcessGroup
-from .runtime.membership import Agreement, Survival
+from .runtime.membership import Agreement, Membership, Survival
 from .planner import determinism
 from .security import Security
 from .settings import Settings
@@ -109,7 +109,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         g.close()
         release(g.store, g.size)
     _State.world, _State.groups = None, []
-    leave(world.store, world.size, wait=world.healthy)
+    lost = world.membership is not None and bool(world.membership.failed())  # the dead will never count out
+    leave(world.store, world.size, wait=world.healthy and not lost)
     if _State.survival is not None:
         _State.survival.close()
         _State.survival = None
@@ -364,8 +365,9 @@ def _check_excluded(ranks: list[int], group: ProcessGroup) -> None:
         raise ValueError(f"ranks_to_exclude {ranks} excludes every rank of the group")
 
 
-def _membership(group: ProcessGroup):
-    if group.membership is None:
+def _membership(group: ProcessGroup) -> Membership:
+    membership: Membership | None = group.membership
+    if membership is None:
         raise RuntimeError(f"rank {group.rank}/{group.size}: process group '{group.name}' has no lifelines: only "
                            "init_process_group's groups and those formed from them can agree and shrink")
-    return group.membership
+    return membership

@@ -71,11 +71,11 @@ class Agreements:
             self._askers.setdefault(key, set()).add(sender)
 
     def agree(self, tag: str, number: int, members: list[int], value: int, deadline: float, who: str,
-              choose: Callable[[tuple[int, ...]], object] | None = None) -> Decision:
-        """Agreement ``number`` of the group ``tag`` whose members are ``members`` (ids, in group order).
+              rank_of: dict[int, int], choose: Callable[[tuple[int, ...]], object] | None = None) -> Decision:
+        """Agreement ``number`` of the group ``tag`` among ``members`` (ids, in group order).
 
         ``choose(failed)``, run by the coordinator that decides, gives the decision's ``extra``.
-        ``who`` opens error messages (this rank, the group, the call).
+        ``who`` opens error messages (this rank, the group, the call), which name a member by ``rank_of[id]``.
 
         Raises:
             CommTimeout: a living member did not take part by ``deadline`` (named by its rank in the group).
@@ -105,7 +105,7 @@ class Agreements:
                         contributed_to = coordinator
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    late = [members.index(m) for m in waiting]
+                    late = [rank_of[m] for m in waiting]
                     raise with_peer(CommTimeout(f"{who} #{number} timed out waiting for "
                                                 f"rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"),
                                     late[0])

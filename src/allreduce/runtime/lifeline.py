@@ -68,8 +68,9 @@ class Decoder:
 class Lifeline:
     """This process's ends of the lifelines to every other process of the job (see the module docstring).
 
-    ``cv`` guards :attr:`dead` and whatever the message handler keeps; it is notified on every message
-    and every death, so a waiter re-reads both.
+    ``cv`` guards :attr:`dead` and whatever the message handlers keep; it is notified on every message
+    and every death, so a waiter re-reads both. Nothing is read before :meth:`start`, so that no message
+    comes before the handlers are there to take it.
     """
 
     def __init__(self, me: int, socks: dict[int, socket.socket]):
@@ -82,6 +83,9 @@ class Lifeline:
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._read, name="allreduce-lifeline", daemon=True)
+
+    def start(self) -> None:
+        """Start reading the lifelines (once :attr:`handlers` are in place)."""
         self._thread.start()
 
     @classmethod
@@ -139,7 +143,8 @@ class Lifeline:
         """Close every lifeline: to the peers, this process has now left."""
         self._closed = True
         self._wake_w.send(b"x")
-        self._thread.join(timeout=SEND_S)
+        if self._thread.is_alive():
+            self._thread.join(timeout=SEND_S)
         for sock in self._socks.values():
             try:
                 sock.close()

@@ -33,6 +33,7 @@ class Survival:
         self.agreements = Agreements(line)
         self._groups: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         line.handlers.append(self._on_message)
+        line.start()
 
     def enroll(self, group, ids: list[int]) -> "Membership":
         """Give ``group`` (whose rank ``r`` is the process of id ``ids[r]``) its :class:`Membership`."""
@@ -70,17 +71,19 @@ class Membership:
             return [rank for rank, i in enumerate(self.ids) if i in line.dead]
 
     def agree(self, value: int, timeout: float, what: str = "agree",
-              choose: Callable[[list[int]], object] | None = None) -> Agreement:
-        """The group's next agreement (see :mod:`.agreement`), its failed members as group ranks.
+              choose: Callable[[list[int]], object] | None = None, among: list[int] | None = None) -> Agreement:
+        """The group's next agreement (see :mod:`.agreement`) among the ranks ``among`` (default: all), its
+        failed members as group ranks.
 
         ``choose(failed ranks)`` runs on the coordinator that decides and gives :attr:`decided`'s ``extra``.
         """
         self.agreements += 1
         rank_of = {i: rank for rank, i in enumerate(self.ids)}
+        ids = self.ids if among is None else [self.ids[r] for r in among]
         pick = None if choose is None else (lambda failed: choose([rank_of[i] for i in failed]))
         who = f"rank {self._rank}/{self._size}: {what} on process group '{self._name}'"
-        decision = self.survival.agreements.agree(self._name, self.agreements, self.ids, int(value),
-                                                  time.monotonic() + timeout, who, pick)
+        decision = self.survival.agreements.agree(self._name, self.agreements, ids, int(value),
+                                                  time.monotonic() + timeout, who, rank_of, pick)
         self.decided = decision
         return Agreement(decision.value, [rank_of[i] for i in decision.failed])
 
