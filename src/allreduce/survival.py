@@ -11,9 +11,15 @@ decision carries its address.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
+
 from . import rendezvous
 from .bootstrap import bind_host, form_group
-from .errors import PeerLost, with_peer
+from .errors import AllreduceError, PeerLost, with_peer
+from .rendezvous import Store
+from .rendezvous import storewire as wire
 from .runtime import ProcessGroup
 from .runtime.lifeline import Lifeline
 from .runtime.membership import Survival
@@ -22,6 +28,7 @@ from .settings import Settings
 from .transport.shm import ShmOptions
 
 PROBE_S = 1.0  # seconds the coordinator of a shrink gives the old store to answer before hosting a new one
+WATCH_MS = 200  # a shrunk group's store waits look at the members' lifelines this often (Watched)
 
 
 def start(world: ProcessGroup, settings: Settings) -> Survival:
@@ -40,9 +47,12 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
     """The group of ``group``'s members less ``exclude`` (``None``: its failed members, as agreed), the
     survivors in their order; ``renumber``: its world ranks are its own (it becomes the default group).
 
+    A member that dies while the new group forms fails that attempt on every survivor alike (they agree
+    on whether it formed); with ``exclude=None`` they then try again without it, until the group's timeout.
+
     Raises:
         RuntimeError: the group has no lifelines. ValueError: ``exclude`` names a rank out of range, or this one.
-        PeerLost: a member that is not excluded is known dead. CommTimeout: a member did not take part.
+        PeerLost: a member that is not excluded is dead. CommTimeout: a member did not take part.
     """
     membership = group.membership
     if membership is None:
@@ -54,27 +64,88 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
             raise ValueError(f"rank {group.rank}/{group.size}: shrink_group ranks_to_exclude must be ranks of "
                              f"0..{group.size - 1} other than this one, got {exclude}")
 
+    among = None if exclude is None else [r for r in range(group.size) if r not in exclude]
+    deadline = time.monotonic() + group.timeout
+    while True:
+        try:
+            shrunk, error = _attempt(group, membership, exclude, among, settings, shm_options, renumber), None
+        except Exception as exc:  # a member died, or the store did, while the group formed; the others are told
+            shrunk, error = None, exc
+        verdict = membership.agree(int(shrunk is not None), max(deadline - time.monotonic(), 0.001),
+                                   "shrink_group (did it form?)", among=among)
+        if verdict.value == 1:  # formed on every survivor
+            return shrunk
+        if shrunk is not None:
+            shrunk.close()
+        if error is not None and not isinstance(error, (AllreduceError, OSError)):
+            raise error
+        if exclude is not None or time.monotonic() >= deadline:  # the same ranks again would fail again
+            raise error or PeerLost(f"rank {group.rank}/{group.size}: shrink_group of process group "
+                                    f"'{group.name}': the shrunk group failed to form on another member")
+
+
+def _attempt(group: ProcessGroup, membership, exclude: list[int] | None, among: list[int] | None,
+             settings: Settings, shm_options: ShmOptions, renumber: bool) -> ProcessGroup:
+    """Agree on who goes and where the store is, then form the survivors' group on it."""
     def choose(failed: list[int]) -> dict:  # on the coordinator: who goes, and where the store is
         gone = sorted(set(failed) if exclude is None else exclude)
         return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone))}
 
-    among = None if exclude is None else [r for r in range(group.size) if r not in exclude]
     membership.agree(-1, group.timeout, "shrink_group", choose, among)
     gone, where = membership.decided.extra["gone"], membership.decided.extra["store"]
-    if group.rank in gone:  # the coordinator counted this rank out (told to exclude it)
-        raise ValueError(f"rank {group.rank}/{group.size}: shrink_group excluded this rank")
     lost = [r for r in membership.failed() if r not in gone]
     if lost:
         raise with_peer(PeerLost(f"rank {group.rank}/{group.size}: shrink_group of process group '{group.name}': "
                                  f"rank {lost[0]} is dead but not excluded"), lost[0])
     members = [r for r in range(group.size) if r not in gone]
+    ids = [membership.ids[r] for r in members]
     name = f"{group.name}.shrink{membership.agreements}"
-    store = _reach(group, where, settings, name, len(members))
+    store = Watched(_reach(group, where, settings, name, len(members)), membership.survival.line, ids)
     ranks = list(range(len(members))) if renumber else [group.ranks[r] for r in members]
     shrunk = form_group(store, members.index(group.rank), len(members), group.timeout, name, ranks, settings,
                         shm_options)
-    membership.survival.enroll(shrunk, [membership.ids[r] for r in members])
+    membership.survival.enroll(shrunk, ids)
     return shrunk
+
+
+class Watched(Store):
+    """A view of a shrunk group's store whose waits end, with :class:`PeerLost` naming the member, once the
+    lifeline of one of its members (``ids``, in group order) has: a member that dies while the group
+    forms is named at once, where a plain wait for its keys would last the whole timeout."""
+
+    def __init__(self, store: Store, line: Lifeline, ids: list[int]):
+        super().__init__(store.timeout)
+        self._store, self._line, self._ids = store, line, ids
+
+    def __repr__(self) -> str:
+        return repr(self._store)
+
+    @property
+    def base(self) -> Store:
+        return self._store.base
+
+    def execute(self, request: wire.Request) -> wire.Response:
+        return self._watched(request, None)
+
+    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+        return self._watched(request, due)
+
+    def _watched(self, request: wire.Request, due: float | None) -> wire.Response:
+        """``request`` answered in slices of :data:`WATCH_MS`, each after a look at the lifelines (so are
+        the requests that do not wait: the transports poll the store while they wait for a peer to dial)."""
+        end = time.monotonic() + getattr(request, "timeout_ms", 0) / 1000
+        while True:
+            with self._line.cv:
+                lost = [rank for rank, i in enumerate(self._ids) if i in self._line.dead]
+            if lost:
+                raise with_peer(PeerLost(f"rank {lost[0]} of the shrunk group died while it formed"), lost[0])
+            if not isinstance(request, (wire.Get, wire.Wait)) or request.timeout_ms <= WATCH_MS:
+                return self._store.execute(request) if due is None else self._store.execute_by(request, due)
+            left_ms = math.ceil((end - time.monotonic()) * 1000)
+            part = dataclasses.replace(request, timeout_ms=max(0, min(WATCH_MS, left_ms)))
+            response = self._store.execute(part) if due is None else self._store.execute_by(part, due)
+            if not isinstance(response, wire.TimedOut) or left_ms <= WATCH_MS:
+                return response
 
 
 def _store_for(group: ProcessGroup, settings: Settings, size: int):

@@ -140,3 +140,34 @@ def test_two_hosts_shrink_across_shared_memory_and_tcp(victim):
     alive = [r for r in range(4) if r != victim]
     hosts = ((0,), (1, 2)) if victim in (0, 1) else None
     assert all(results[r] == (3, hosts, sum(a + 1 for a in alive)) for r in alive), results
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.02])
+def test_a_member_dying_while_the_shrunk_group_forms_is_left_out_too(transport, delay):
+    def body(rank, size):
+        from allreduce import survival
+
+        if rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 2:  # agrees, then dies while the group of 0, 1, 2 forms (or just after)
+            real = survival.form_group
+
+            def dying(store, *args, **kwargs):
+                threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                return real(store, *args, **kwargs)
+            survival.form_group = dying
+        _wait_failed([3])
+        start = time.monotonic()
+        while True:  # the loop a user writes: shrink until a step succeeds
+            dist.shrink_group()
+            x = np.full(9, rank + 1, np.int64)
+            try:
+                dist.all_reduce(x)
+            except dist.AllreduceError:
+                continue
+            if dist.get_world_size() == 2:
+                return x.tolist(), time.monotonic() - start < 10
+    results = run_ranks(body, 4, timeout=600, deadline=60, expect_errors=True, env={"ALLREDUCE_TRANSPORT": transport})
+    assert results[2][0] == results[3][0] == "killed", results
+    assert results[:2] == [([3] * 9, True)] * 2, results
