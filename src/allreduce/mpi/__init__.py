@@ -21,6 +21,7 @@ from .datatypes import (
 )
 from .reductions import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
+from .ulfm import ERR_PROC_FAILED, ERR_PROC_FAILED_PENDING, ERR_REVOKED, Exception, Group
 
 Intracomm = Comm
 SUCCESS = 0

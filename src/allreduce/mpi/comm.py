@@ -23,6 +23,7 @@ from .datatypes import simple
 from . import p2p
 from .p2p import ANY_SOURCE, ANY_TAG, Request, Status
 from .pickled import ObjectCollectives
+from .ulfm import FailureMitigation
 
 UNDEFINED = -32766
 
@@ -40,7 +41,7 @@ _UNSUPPORTED = {  # Comm methods of MPI features this library does not offer, an
 }
 
 
-class Comm(BufferCollectives, ObjectCollectives):
+class Comm(BufferCollectives, ObjectCollectives, FailureMitigation):
     """An intra-communicator with mpi4py's method names and argument order.
 
     Example (under ``allreduce run -n 2 -- python script.py``)::

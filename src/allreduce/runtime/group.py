@@ -121,6 +121,11 @@ class ProcessGroup:
         return self._life.foreign is not None
 
     @property
+    def is_revoked(self) -> bool:
+        """Whether a member revoked the group (see :meth:`revoke`)."""
+        return isinstance(self._life.failure, Revoked)
+
+    @property
     def healthy(self) -> bool:
         """False once a collective has failed and broken the group."""
         return self._life.failure is None
@@ -202,7 +207,12 @@ class ProcessGroup:
 
     def revoked(self, error: Revoked) -> None:
         """A member revoked the group (this one, or a peer over its lifeline): break it with ``error``, and cut
-        short the collective running, at its next quiet heartbeat."""
+        short the collective running, at its next quiet heartbeat. A group broken already is revoked too:
+        its later calls say so."""
+        with self._cv:
+            if self._life.state is State.BROKEN:
+                self._life.fail(error)
+                return
         self._break_from_outside(error, cut_short=True)
 
     def _break_from_outside(self, error: AllreduceError, cut_short: bool) -> None:
