@@ -28,6 +28,7 @@ from .settings import Settings
 from .transport.shm import ShmOptions
 
 PROBE_S = 1.0  # seconds the coordinator of a shrink gives the old store to answer before hosting a new one
+REACH_S = 5.0  # seconds a survivor gives the new store of a shrink to answer (its host may have died since)
 WATCH_MS = 200  # a shrunk group's store waits look at the members' lifelines this often (Watched)
 
 
@@ -175,4 +176,8 @@ def _reach(group: ProcessGroup, where, settings: Settings, name: str, size: int)
         if store.port == port:
             _hosted.remove(store)
             return store
-    return rendezvous.TCPStore(host, port, timeout=group.timeout, world_size=size, security=Security.of(settings))
+    # its host listened before it decided: not reached at once, it died since (a wait of the whole timeout
+    # for a host that may start later is for a rendezvous, not here)
+    store = rendezvous.TCPStore(host, port, timeout=REACH_S, world_size=size, security=Security.of(settings))
+    store.timeout = group.timeout
+    return store

@@ -37,6 +37,23 @@ def _kill_later(delay: float) -> None:
     threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
+def _recover(rank: int, step: int) -> tuple[list[int], int]:
+    """Shrink, learn who is left and where to resume; again while ranks die meanwhile (a survivor's loop)."""
+    for _ in range(3):
+        try:
+            return _recovered(rank, step)
+        except dist.AllreduceError:
+            continue
+    return _recovered(rank, step)
+
+
+def _recovered(rank: int, step: int) -> tuple[list[int], int]:
+    dist.shrink_group()
+    ids = [0] * dist.get_world_size()
+    dist.all_gather_object(ids, rank)
+    return ids, int(dist.all_reduce_scalar(step, dist.ReduceOp.MIN))
+
+
 def _trial(phase: str, size: int, seed: int):
     rng = random.Random(seed)
     first, second = rng.sample(range(size), 2)
@@ -74,11 +91,7 @@ def _trial(phase: str, size: int, seed: int):
                     if phase == "agreement" and rank == second:
                         _kill_later(mine.uniform(0, 0.02))
                     broke = time.monotonic() if broke is None else broke
-                    dist.shrink_group()
-                    survivors = [0] * dist.get_world_size()
-                    dist.all_gather_object(survivors, rank)
-                    ids = survivors
-                    step = int(dist.all_reduce_scalar(step, dist.ReduceOp.MIN))
+                    ids, step = _recover(rank, step)
                     continue
                 checked.append((step, tuple(ids), bool((x == sum(i + 1 for i in ids) * (step + 1)).all())))
                 if broke is not None:

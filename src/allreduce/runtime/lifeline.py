@@ -193,6 +193,9 @@ def _dial(store, me: int, peer: int, security: Security, deadline: float) -> soc
         security.check_listener(sock)
         auth.client_handshake(sock, security.key, CONTEXT, deadline)
         sock.sendall(_LENGTH.pack(me))
+    except OSError as exc:  # it died or stalled mid-handshake
+        sock.close()
+        raise RendezvousError(f"id {me}: the lifeline of id {peer} at {address} failed: {exc}") from exc
     except BaseException:
         sock.close()
         raise
