@@ -125,6 +125,7 @@ def campaign(kills: int, seed: int = 0) -> dict:
         tally["survivors going on"] += len(finished)
         clear = [r for r in alive if results[r][0] == "error" and len(results[r]) == 2]  # an AllreduceError
         tally["survivors with a clear error"] += len(clear)
+        tally[f"errors in {phase} trials"] += len(clear)
         tally["other outcomes"] += len(alive) - len(finished) - len(clear)  # another exception, a crash
         for _, ids, checked in finished:
             steps = [c for c in checked if c[0] >= 0]
