@@ -116,6 +116,7 @@ def campaign(kills: int, seed: int = 0) -> dict:
             results = _trial(phase, size, rng.randrange(1 << 30))
         except Hung:
             tally["hangs"] += 1
+            tally[f"hangs in {phase} trials"] += 1
             continue
         tally[f"trials {phase}"] += 1
         killed = [r for r, out in enumerate(results) if out[0] == "killed" and out[1] == -signal.SIGKILL]
