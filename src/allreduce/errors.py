@@ -68,6 +68,11 @@ class GroupBroken(AllreduceError):
     """A previous collective failed; the group cannot be used again and must be re-created."""
 
 
+class Revoked(GroupBroken):
+    """A member revoked the group (it learned of a failure, see ``ProcessGroup.revoke``): the call it cut
+    short and every later one raise this; the survivors may still agree, shrink and destroy."""
+
+
 class Untrusted(AllreduceError, PermissionError):
     """A call that would unpickle a peer's bytes in a group whose peers nothing proves to be of the job."""
 

@@ -11,16 +11,19 @@ import weakref
 from collections.abc import Iterable
 from typing import Union
 
-from . import logs, rendezvous, topology
+from . import logs, rendezvous, survival, topology
 from .arguments import Timeout, timeout_seconds
 from .bootstrap import form_group, leave, release
 from .runtime import ProcessGroup
+from .runtime.membership import Agreement, Membership, Survival
 from .planner import determinism
 from .security import Security
 from .settings import Settings
 from .transport.shm import ShmOptions
 
 BACKENDS = (None, "allreduce", "tcp")
+SHRINK_DEFAULT = 0x00  # shrink_group's flags, as torch.distributed's
+SHRINK_ABORT = 0x01  # revoke the group first, so that members blocked in a collective of it come out
 
 
 class NonMember:
@@ -40,6 +43,7 @@ class _State:
     world: ProcessGroup | None = None
     groups: list[ProcessGroup] = []
     new_groups = 0
+    survival: Survival | None = None  # the lifelines among the processes of the job
     settings = Settings()  # read from the environment by init_process_group
     shm_options = ShmOptions()
 
@@ -80,8 +84,15 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
     elif rank < 0 or world_size < 1:
         raise ValueError("with store=..., pass rank= and world_size= too")
-    _State.world = form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)),
-                              settings, shm_options)
+    world = form_group(store, rank, world_size, seconds, group_name or "default", list(range(world_size)),
+                       settings, shm_options)
+    try:
+        _State.survival = survival.start(world, settings)
+    except BaseException:
+        world.close()
+        leave(world.store, world_size, wait=False)
+        raise
+    _State.world = world
     _State.settings, _State.shm_options, _State.new_groups = settings, shm_options, 0
 
 
@@ -98,7 +109,11 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         g.close()
         release(g.store, g.size)
     _State.world, _State.groups = None, []
-    leave(world.store, world.size, wait=world.healthy)
+    lost = world.membership is not None and bool(world.membership.failed())  # the dead will never count out
+    leave(world.store, world.size, wait=world.healthy and not lost)
+    if _State.survival is not None:
+        _State.survival.close()
+        _State.survival = None
 
 
 def is_initialized() -> bool:
@@ -270,4 +285,100 @@ def _subgroup(name: str, rank: int, ranks: list[int], timeout: Timeout, inherite
                        timeout_seconds(timeout) if timeout else inherited, name, ranks, _State.settings,
                        _State.shm_options)
     _State.groups.append(group)
+    world = default_group()
+    if world.membership is not None:
+        world.membership.survival.enroll(group, [world.membership.ids[r] for r in ranks])
     return group
+
+
+# ---- surviving a member's death ------------------------------------------------------------------
+
+def failed_ranks(group: Group = None) -> list[int]:
+    """The ranks of ``group`` (default: the default group) whose processes this rank knows have died or
+    left: their lifelines to this process ended. Each rank learns of a death on its own, within moments;
+    :func:`agree` gives every survivor the same view.
+
+    Example (rank 2 of 4 killed): ``dist.failed_ranks()`` on the others -> ``[2]``.
+
+    Raises:
+        RuntimeError: not initialized, or a group without lifelines.
+    """
+    return _membership(resolve_group(group)).failed()
+
+
+def agree(value: int = -1, group: Group = None) -> Agreement:
+    """Agree with the living members of ``group`` (default: the default group), even one that is broken,
+    revoked or losing members meanwhile (ULFM's ``MPI_Comm_agree``): every member that returns gets the
+    same :class:`Agreement`, its ``value`` the bitwise AND of every contribution (so ``1`` for "I
+    succeeded" is 1 only if all did; the default ``-1`` has every bit set) and its ``failed`` the ranks
+    known dead when it was decided. Runs over the lifelines, without the group's links or the store.
+
+    Every living member must call it, in the same order as its other agreements and shrinks.
+
+    Example (four ranks, rank 3 killed, the others pass their last finished step)::
+
+        dist.agree(1 if ok else 0)   # on 0, 1, 2 -> Agreement(value=..., failed=[3])
+
+    Raises:
+        CommTimeout: a living member did not call it within the group's timeout (it is named).
+        RuntimeError: not initialized, or a group without lifelines.
+    """
+    target = resolve_group(group)
+    return _membership(target).agree(int(value), target.timeout)
+
+
+def shrink_group(ranks_to_exclude: list[int] | None = None, group: Group = None, shrink_flags: int = SHRINK_DEFAULT,
+                 pg_options: object = None) -> ProcessGroup:
+    """A new group of ``group``'s members (default: the default group) less ``ranks_to_exclude``, the others
+    renumbered in their order (torch.distributed's ``shrink_group``). ``None`` excludes the failed members,
+    as the survivors agree on them (:func:`agree`); if none failed, it is a fresh group of every member, as
+    after a :meth:`ProcessGroup.revoke`. ``group`` may be broken or revoked: that is what it is for.
+
+    Shrinking the default group makes the new group the default, destroys every other group, and
+    renumbers the world (``get_rank()`` is the rank in the new group). Only the members that stay call it,
+    all of them, in the same order as their other agreements. ``shrink_flags=SHRINK_ABORT`` revokes
+    ``group`` first. ``pg_options`` is accepted for torch's signature and unused.
+
+    Example (four ranks, rank 1 killed, on ranks 0, 2 and 3)::
+
+        g = dist.shrink_group()      # ranks 0, 2, 3 become 0, 1, 2 of the new default group
+
+    Raises:
+        TypeError: ``ranks_to_exclude`` is not a list. ValueError: it is empty, repeats or names a rank outside
+        the group, names this rank, or every rank. PeerLost: a member that is not excluded is dead.
+        CommTimeout: a living member did not take part in time. RuntimeError: a group without lifelines.
+    """
+    target = resolve_group(group)
+    if ranks_to_exclude is not None:
+        _check_excluded(ranks_to_exclude, target)
+    if shrink_flags & SHRINK_ABORT:
+        target.revoke()
+    default = target is _State.world
+    shrunk = survival.shrink(target, ranks_to_exclude, _State.settings, _State.shm_options, renumber=default)
+    if default:
+        for old in [*_State.groups, target]:
+            old.close()
+        if shrunk.store.base is not target.store.base:
+            target.store.close()
+        _State.world, _State.groups = shrunk, []
+    else:
+        _State.groups.append(shrunk)
+    return shrunk
+
+
+def _check_excluded(ranks: list[int], group: ProcessGroup) -> None:
+    """torch.distributed's checks of ``ranks_to_exclude``."""
+    if not isinstance(ranks, list):
+        raise TypeError(f"ranks_to_exclude must be a list of ranks, got {type(ranks).__name__}")
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < group.size for r in ranks):
+        raise ValueError(f"ranks_to_exclude must be distinct ranks of 0..{group.size - 1}, at least one, got {ranks}")
+    if len(ranks) == group.size:
+        raise ValueError(f"ranks_to_exclude {ranks} excludes every rank of the group")
+
+
+def _membership(group: ProcessGroup) -> Membership:
+    membership: Membership | None = group.membership
+    if membership is None:
+        raise RuntimeError(f"rank {group.rank}/{group.size}: process group '{group.name}' has no lifelines: only "
+                           "init_process_group's groups and those formed from them can agree and shrink")
+    return membership

@@ -14,9 +14,11 @@ worker's whole process group, waits a grace period, then kills what is left. Not
 launcher: on Linux each worker asks the kernel, before it executes the command, to SIGKILL it when
 the launcher dies, so a launcher killed outright (SIGKILL, the OOM killer) takes its workers along.
 A job is all or nothing: the first worker to fail stops the others, because its peers would only
-block until their own timeouts. The exit status is the failed worker's (``128 + signal`` when a
-signal killed it), ``128 + signal`` when the launcher itself was stopped by one of the signals above
-(130 for SIGINT, 143 for SIGTERM), and 0 when every worker exited 0.
+block until their own timeouts; unless ``--min-np M`` says the workers go on without it (they call
+``allreduce.shrink_group``, see docs/fault-tolerance.md) while at least ``M`` of this node's live.
+The exit status is the failed worker's (``128 + signal`` when a signal killed it), ``128 + signal``
+when the launcher itself was stopped by one of the signals above (130 for SIGINT, 143 for SIGTERM),
+and 0 when every worker exited 0 (with ``--min-np``, every worker that went on).
 
 With output tagging on, a reader thread per pipe copies each line to our stdout or stderr behind a
 ``[rank] `` prefix, whole lines under one lock, so lines from different ranks never interleave. A
@@ -61,6 +63,7 @@ class LaunchConfig:
     master_port: int | None = None  # rendezvous port; single node: a free one when unset
     tag_output: bool = True  # prefix each worker's output lines with "[rank] "
     grace_s: float = 3.0  # between SIGTERM and SIGKILL when stopping workers
+    min_np: int | None = None  # the others go on after a failure while this many workers live (None: all or nothing)
 
     def __post_init__(self):
         if self.nproc < 1:
@@ -76,6 +79,8 @@ class LaunchConfig:
                 "a job of several nodes needs --master-addr and --master-port "
                 "(or MASTER_ADDR and MASTER_PORT) naming rank 0's host, the same on every node"
             )
+        if self.min_np is not None and not 1 <= self.min_np <= self.nproc:
+            raise ValueError(f"--min-np must be in 1..{self.nproc} (the workers of this node), got {self.min_np}")
         if self.grace_s < 0:
             raise ValueError(f"grace period must not be negative, got {self.grace_s}")
 
@@ -198,6 +203,10 @@ class _Job:
                 return 128 + signum
             _, rank, code = event
             self.running -= 1
+            if code != 0 and self.config.min_np is not None and self.running >= self.config.min_np:
+                _say(f"rank {rank} {_describe(code)}; the other {self.running} worker(s) go on "
+                     f"(--min-np {self.config.min_np})")
+                continue
             if code != 0:
                 _say(f"rank {rank} {_describe(code)}; stopping the other {self.running} worker(s)")
                 self.stop(signal.SIGTERM)
@@ -258,6 +267,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="host of rank 0 (env MASTER_ADDR; default 127.0.0.1 on a single node)")
     parser.add_argument("--master-port", metavar="PORT", type=int_at_least(1), default=env("MASTER_PORT"),
                         help="rendezvous port on that host (env MASTER_PORT; default a free port on a single node)")
+    parser.add_argument("--min-np", metavar="M", type=int_at_least(1), default=env("ALLREDUCE_MIN_NP"),
+                        help="after a worker fails, let the others go on while at least M live: they shrink "
+                        "their groups and finish (env ALLREDUCE_MIN_NP; default: one failure stops the job)")
     parser.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
                         help="prefix each output line with the worker's [rank]")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every worker runs")
@@ -279,6 +291,7 @@ def main(args: argparse.Namespace) -> int:
             master_addr=args.master_addr,
             master_port=args.master_port,
             tag_output=args.tag_output,
+            min_np=args.min_np,
         )
     except ValueError as exc:
         args.error(str(exc))

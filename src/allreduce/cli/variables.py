@@ -20,6 +20,7 @@ LAUNCH = (  # (variable, meaning): what `allreduce run` reads and what it sets f
     ("ALLREDUCE_NPROC", "workers per node for `allreduce run` (its `-n`)"),
     ("ALLREDUCE_NNODES", "nodes in the job for `allreduce run` (its `--nnodes`)"),
     ("ALLREDUCE_NODE_RANK", "this node's index for `allreduce run` (its `--node-rank`)"),
+    ("ALLREDUCE_MIN_NP", "workers that go on after one fails, for `allreduce run` (its `--min-np`)"),
     ("ALLREDUCE_JOB_ID", "set by `allreduce run` for its workers: which job they belong to"),
 )
 RENDEZVOUS = (  # (variable, meaning): the launcher environments env:// reads

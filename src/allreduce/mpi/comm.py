@@ -30,6 +30,7 @@ from .messages import PointToPoint
 from .pickled import ObjectCollectives
 from .reducing import Reductions
 from .requests import Request
+from .ulfm import FailureMitigation
 
 UNDEFINED = -32766
 
@@ -62,7 +63,7 @@ class _Handle:
         return self.kind is None and self.group is None
 
 
-class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives):
+class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, FailureMitigation):
     """An intra-communicator with mpi4py's method names and argument order.
 
     Example (under ``allreduce run -n 2 -- python script.py``)::

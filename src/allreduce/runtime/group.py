@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import AllreduceError, Interrupted, Mismatch
+from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
@@ -102,6 +102,7 @@ class ProcessGroup:
         if p2p is not None:
             p2p.on_failure = self.p2p_failed
         self.pid = os.getpid()  # the process that formed it: the only one that may use or close it
+        self.membership = None  # its members' lifelines (.membership.Membership), where it has them
         _groups.add(self)
 
     def disown(self) -> None:
@@ -122,6 +123,11 @@ class ProcessGroup:
     def forked(self) -> bool:
         """Whether this process is a fork() child of the one that formed the group (see :meth:`disown`)."""
         return self._life.foreign is not None
+
+    @property
+    def is_revoked(self) -> bool:
+        """Whether a member revoked the group (see :meth:`revoke`)."""
+        return isinstance(self._life.failure, Revoked)
 
     @property
     def healthy(self) -> bool:
@@ -206,14 +212,43 @@ class ProcessGroup:
     def p2p_failed(self, error: AllreduceError) -> None:
         """The point-to-point engine failed with ``error``: the group is broken too (as after a failed
         collective; told to the peers through the store, and by ABORT frames when no collective runs)."""
+        self._break_from_outside(error, cut_short=False)
+
+    def revoke(self) -> None:
+        """Break this group here and on every member (ULFM's ``MPI_Comm_revoke``), for a rank that learned of
+        a failure: a member blocked in a collective of it raises :class:`Revoked` within a heartbeat interval
+        (1 s at most) instead of waiting out its deadline, and every later call raises too. The survivors may
+        still call :func:`allreduce.failed_ranks`, :func:`allreduce.agree`, :func:`allreduce.shrink_group`
+        and destroy it. Needs the members' lifelines (groups of :func:`allreduce.init_process_group`)."""
+        self._life.check_owner()
+        error = Revoked(f"rank {self.rank}/{self.size}: process group '{self.name}' was revoked by its rank {self.rank}")
+        self.revoked(error)
+        if self.membership is not None:
+            self.membership.revoke(str(error))
+
+    def revoked(self, error: Revoked) -> None:
+        """A member revoked the group (this one, or a peer over its lifeline): break it with ``error``, and cut
+        short the collective running, at its next quiet heartbeat. A group broken already is revoked too:
+        its later calls say so."""
+        with self._cv:
+            if self._life.state is State.BROKEN:
+                self._life.fail(error)
+                return
+        self._break_from_outside(error, cut_short=True)
+
+    def _break_from_outside(self, error: AllreduceError, cut_short: bool) -> None:
+        """Break an open group from another thread than the one running its calls: with ``cut_short``, the
+        running collective raises ``error`` at its next heartbeat; without, it is left to end on its own."""
         with self._cv:
             if self._life.state is not State.OPEN:  # broken already, or being destroyed
                 return
             self._life.fail(error)
             idle = self._queue.idle
+            if cut_short:
+                self._health.interrupt = error
         message = f"{type(error).__name__}: {error}"
         self._health.report(message)
-        if idle:  # a running collective is left to end on its own; no later one starts
+        if idle:  # no later call starts; a running one ends on its own, or at its heartbeat
             self.transport.abort(message)
 
     # ---- running ---------------------------------------------------------------------------------

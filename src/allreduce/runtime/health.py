@@ -14,7 +14,7 @@ import threading
 
 from .. import collectives, wire
 from ..engines import Call
-from ..errors import AllreduceError, CommTimeout, Mismatch, PeerLost
+from ..errors import AllreduceError, CommTimeout, Mismatch, PeerLost, Revoked
 
 STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
 
@@ -35,6 +35,7 @@ class Health:
         self.rank, self.size = rank, size
         self.interval = interval  # heartbeat period, and quiet time before inspecting peers
         self.started: tuple[int, Call] | None = None  # (seq, call) of the last collective this rank began
+        self.interrupt: AllreduceError | None = None  # raised by the next inspection: the group was revoked
         self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
         self._stopping = stopping
         self.thread = threading.Thread(target=self._beat, name=f"allreduce-{name}-heartbeat", daemon=True)
@@ -69,7 +70,10 @@ class Health:
 
     def inspect(self) -> None:
         """While stuck in the collective begun last: raise :class:`Mismatch` if a peer is in a different
-        collective #seq. What it saw is kept for the stall report, should the store be gone by the deadline."""
+        collective #seq, or :attr:`interrupt` once set (the group was revoked). What it saw is kept for the
+        stall report, should the store be gone by the deadline."""
+        if self.interrupt is not None:
+            raise self.interrupt
         seq, call = self.started
         try:
             states = self._peer_states(self.store.within(self.interval))  # late by an interval at most
@@ -87,7 +91,7 @@ class Health:
         told to the peers through the store; both within one :data:`STORE_GRACE`.
 
         Its kind is the one the peers are told: a peer of a rank that found a mismatch raises
-        :class:`Mismatch` too, since it made the mismatched call.
+        :class:`Mismatch` too, since it made the mismatched call; one of a revoked group, :class:`Revoked`.
         """
         text = f"rank {self.rank}/{self.size}: {exc}"
         store = self.store.within(STORE_GRACE)  # the whole report, even with the store's host frozen
@@ -95,7 +99,11 @@ class Health:
             text += self._stall_report(seq, call.collective, store)
         elif isinstance(exc, PeerLost) and " aborted: " not in text:
             text += self._peer_failure(getattr(exc, "peer", None), store)
-        kind = Mismatch if isinstance(exc, PeerLost) and ": Mismatch: rank " in text else type(exc)
+        kind = type(exc)
+        if isinstance(exc, PeerLost) and ": Mismatch: rank " in text:
+            kind = Mismatch
+        elif isinstance(exc, PeerLost) and ": Revoked: rank " in text:  # a peer's ABORT passed a revocation on
+            kind = Revoked
         error = kind(text)
         error.peer = getattr(exc, "peer", None)
         self.report(f"{kind.__name__}: {text}", store)

@@ -1,7 +1,9 @@
 """A group's life as a state machine: open, broken by a failure, closing, closed.
 
 Any communication error breaks a group for good, as in NCCL: every later call raises
-:class:`GroupBroken` naming the first failure. Destroying a group lets queued work finish (a failure
+:class:`GroupBroken` naming the first failure (:class:`Revoked` if a member revoked it). On a broken
+group a survivor may still learn who failed, agree and shrink (over the lifelines, see
+:mod:`.membership`), and destroy it. Destroying a group lets queued work finish (a failure
 met meanwhile is still recorded, so the calls queued behind it fail too), stops its threads, then
 closes its links; after that every call raises. The transitions below are the only ones there are;
 the group's lock guards them.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import enum
 import threading
 
-from ..errors import AllreduceError, GroupBroken
+from ..errors import AllreduceError, GroupBroken, Revoked
 
 
 class State(enum.Enum):
@@ -81,6 +83,7 @@ class Life:
         return self.broken()
 
     def broken(self) -> GroupBroken:
-        """The error every call after the failure raises."""
-        return GroupBroken(f"{self._who} is unusable after an earlier failure; destroy it and form a new one. "
+        """The error every call after the failure raises (:class:`Revoked` after a revocation)."""
+        kind = Revoked if isinstance(self.failure, Revoked) else GroupBroken
+        return kind(f"{self._who} is unusable after an earlier failure; destroy it and form a new one. "
                            f"The failure was: {self.failure}")

@@ -29,7 +29,7 @@ from ... import api, bootstrap
 from ...ops import ReduceOp
 
 from ..common.tensors import Staged, host_copy, is_direct
-from . import monitored, sparse
+from . import monitored, private, sparse
 from .work import DoneWork, TorchWork, in_torch_words
 
 NAME = "allreduce"
@@ -38,12 +38,14 @@ NAME = "allreduce"
 class ProcessGroupAllreduce:
     """torch's ``Backend`` methods on the allreduce group ``group``; see the module docstring."""
 
-    def __init__(self, group):
+    def __init__(self, group, shrunk: bool = False):
         self.group = group
+        self._unsettled = shrunk  # made by shrink_group: torch registered it as Gloo (private.settle_shrunk)
         self._issued = 0  # collectives started, the same count on every rank (torch's sequence number)
         self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
         self._barriers = 0  # monitored barriers held, which name their store keys
         self._left = False  # shutdown() has left the store
+        self._shrinks = 0  # groups shrunk from this one, which name their store keys
 
     def __repr__(self) -> str:
         return f"<ProcessGroupAllreduce rank {self.group.rank}/{self.group.size} '{self.group.name}'>"
@@ -51,6 +53,9 @@ class ProcessGroupAllreduce:
     def _work(self, started, result, *after, source: int | None = -1) -> TorchWork | DoneWork:
         """The torch work of a collective ``started`` (``None``: it ran in this thread and is done)."""
         self._issued += 1
+        if self._unsettled:
+            self._unsettled = False
+            private.settle_shrunk(self)
         if started is None:
             for step in after:
                 step()
@@ -245,6 +250,22 @@ class ProcessGroupAllreduce:
 
     def abort(self) -> None:
         self.group.close()
+
+    def shrink(self, ranks_to_exclude: list[int], flags: int = 0) -> "ProcessGroupAllreduce":
+        """``torch.distributed.shrink_group``'s backend half (torch checked the ranks): the group of the other
+        members, renumbered in order, formed on torch's store under keys of its own. With ``SHRINK_ABORT``
+        (flag 1) this group is broken first, so that nothing more runs on it. Every member that stays calls
+        it, with the same ranks; the store must have survived (under torchrun, its agent hosts it)."""
+        if flags & 1:
+            self.group.revoke()
+        self._shrinks += 1
+        members = [r for r in range(self.group.size) if r not in set(ranks_to_exclude)]
+        rank = members.index(self.group.rank)
+        store = self.group.store.beside(f"shrink{self._shrinks}", is_server=rank == 0)
+        shrunk = bootstrap.form_group(store, rank, len(members), self.group.timeout,
+                                      f"{self.group.name}.shrink{self._shrinks}", [self.group.ranks[r] for r in members],
+                                      self.group.settings, self.group.shm_options)
+        return ProcessGroupAllreduce(shrunk, shrunk=True)
 
     def _joined(self, works: list, result) -> TorchWork | DoneWork:
         """One work done when all of ``works`` are (a coalesced call made of several collectives)."""

@@ -290,6 +290,16 @@ class PythonBackend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     call("abort");
   }
+  bool supportsShrinking() const override { return true; }
+  // torch.distributed.shrink_group: impl.shrink forms the survivors' group and returns its impl.
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& /*opts_override*/) override {
+    py::gil_scoped_acquire gil;
+    py::object impl = call("shrink", ranks_to_exclude, shrink_flags);
+    py::object group = impl.attr("group");
+    return c10::make_intrusive<PythonBackend>(group.attr("rank").cast<int>(), group.attr("size").cast<int>(), name_,
+                                              impl);
+  }
 
  private:
   // impl's method `name` called with `args`; the caller holds the GIL.
