@@ -64,4 +64,4 @@ class FailureMitigation:
 
     def Shrink(self):
         """A new communicator of the living members, renumbered in order."""
-        return type(self)(api.shrink_group(group=self.process_group()))
+        return type(self)._of(api.shrink_group(group=self.process_group()))
