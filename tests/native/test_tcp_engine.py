@@ -148,18 +148,21 @@ def test_tls_links_stay_on_the_python_engine():
 
 def _mixed(body):
     """A rank body that joins a TCP group on the compiled engine (even ranks) or the Python one (odd),
-    runs ``body`` and returns what it returned and how many planned calls the compiled engine made."""
+    runs ``body`` and returns what it returned and how many planned calls the compiled engine made for it."""
     port = free_port()
 
     def run(rank, size):
         from allreduce.engines.native_tcp import NativeScheduled
 
+        def planned() -> int:
+            return sum(isinstance(o, NativeScheduled) for o in gc.get_objects())
+        inherited = planned()  # what the forking test process still held of earlier tests
         os.environ["ALLREDUCE_ENGINE"] = "native" if rank % 2 == 0 else "python"
         os.environ["ALLREDUCE_TRANSPORT"] = "tcp"
         dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=60)
         try:
             value = body(rank, size)
-            return value, sum(isinstance(o, NativeScheduled) for o in gc.get_objects())
+            return value, planned() - inherited
         finally:
             dist.destroy_process_group()
     return run
