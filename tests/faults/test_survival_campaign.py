@@ -20,6 +20,7 @@ import collections
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -138,6 +139,46 @@ def campaign(kills: int, seed: int = 0) -> dict:
     tally.setdefault("hangs", 0)
     tally.setdefault("wrong results", 0)
     return {"tally": dict(tally), "recoveries": sorted(recoveries)}
+
+
+def _sending() -> bool:
+    """Whether a thread of this process is in the middle of writing a message to a pipe."""
+    return any(frame.f_code.co_name == "_send_bytes" for top in sys._current_frames().values()
+               for frame in _frames(top))
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _killed_while_reporting(rank, world, pid_file):
+    """Rank 1 dies in the middle of writing its (large) result to the parent; rank 0 reports after that."""
+    if rank == 1:
+        pid_file.write_text(str(os.getpid()))
+
+        def watch():  # SIGKILL this process in the middle of the write of its report
+            while not _sending():
+                time.sleep(0.0005)
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Thread(target=watch, daemon=True).start()
+        return bytes(64 << 20)
+    while not pid_file.exists():
+        time.sleep(0.01)
+    stat = f"/proc/{pid_file.read_text()}/stat"
+    while os.path.exists(stat) and open(stat).read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    return "reported"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_while_it_reports_costs_no_other_rank_its_report(tmp_path):
+    # The campaign's kills come from timers, which may fire while the victim hands its result to the
+    # parent: that must not keep a survivor's result from the parent (it did: a lock shared by the ranks).
+    results = run_ranks(lambda rank, world: _killed_while_reporting(rank, world, tmp_path / "pid"), 2,
+                        init=False, deadline=60, expect_errors=True)
+    assert results == ["reported", ("killed", -signal.SIGKILL)]
 
 
 @pytest.mark.timeout(600)
