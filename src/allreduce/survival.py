@@ -69,7 +69,8 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
     deadline = time.monotonic() + group.timeout
     while True:
         try:
-            shrunk, error = _attempt(group, membership, exclude, among, settings, shm_options, renumber), None
+            shrunk, error = _attempt(group, membership, exclude, among, settings, shm_options, renumber,
+                                     deadline), None
         except Exception as exc:  # a member died, or the store did, while the group formed; the others are told
             shrunk, error = None, exc
         verdict = membership.agree(int(shrunk is not None), max(deadline - time.monotonic(), 0.001),
@@ -86,13 +87,13 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
 
 
 def _attempt(group: ProcessGroup, membership, exclude: list[int] | None, among: list[int] | None,
-             settings: Settings, shm_options: ShmOptions, renumber: bool) -> ProcessGroup:
-    """Agree on who goes and where the store is, then form the survivors' group on it."""
+             settings: Settings, shm_options: ShmOptions, renumber: bool, deadline: float) -> ProcessGroup:
+    """Agree, by ``deadline``, on who goes and where the store is, then form the survivors' group on it."""
     def choose(failed: list[int]) -> dict:  # on the coordinator: who goes, and where the store is
         gone = sorted(set(failed) if exclude is None else exclude)
         return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone))}
 
-    membership.agree(-1, group.timeout, "shrink_group", choose, among)
+    membership.agree(-1, max(deadline - time.monotonic(), 0.001), "shrink_group", choose, among)
     gone, where = membership.decided.extra["gone"], membership.decided.extra["store"]
     lost = [r for r in membership.failed() if r not in gone]
     if lost:
