@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import multiprocessing.connection
 import os
+import pathlib
 import random
 import signal
 import threading
@@ -152,8 +153,8 @@ def _killed_while_reporting(rank, world, pid_file):
         return "never reported whole"
     while not pid_file.exists():
         time.sleep(0.01)
-    stat = f"/proc/{pid_file.read_text()}/stat"
-    while os.path.exists(stat) and open(stat).read().rsplit(")", 1)[1].split()[0] != "Z":
+    stat = pathlib.Path(f"/proc/{pid_file.read_text()}/stat")
+    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # until it is a zombie
         time.sleep(0.01)
     return "reported"
 
