@@ -17,7 +17,7 @@ import time
 
 from . import rendezvous
 from .bootstrap import bind_host, form_group
-from .errors import AllreduceError, PeerLost, with_peer
+from .errors import AllreduceError, PeerLost, RendezvousError, with_peer
 from .rendezvous import Store
 from .rendezvous import storewire as wire
 from .runtime import ProcessGroup
@@ -69,7 +69,8 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
     deadline = time.monotonic() + group.timeout
     while True:
         try:
-            shrunk, error = _attempt(group, membership, exclude, among, settings, shm_options, renumber), None
+            shrunk, error = _attempt(group, membership, exclude, among, settings, shm_options, renumber,
+                                     deadline), None
         except Exception as exc:  # a member died, or the store did, while the group formed; the others are told
             shrunk, error = None, exc
         verdict = membership.agree(int(shrunk is not None), max(deadline - time.monotonic(), 0.001),
@@ -86,13 +87,14 @@ def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, s
 
 
 def _attempt(group: ProcessGroup, membership, exclude: list[int] | None, among: list[int] | None,
-             settings: Settings, shm_options: ShmOptions, renumber: bool) -> ProcessGroup:
-    """Agree on who goes and where the store is, then form the survivors' group on it."""
+             settings: Settings, shm_options: ShmOptions, renumber: bool, deadline: float) -> ProcessGroup:
+    """Agree, by ``deadline``, on who goes and where the store is, then form the survivors' group on it."""
     def choose(failed: list[int]) -> dict:  # on the coordinator: who goes, and where the store is
         gone = sorted(set(failed) if exclude is None else exclude)
-        return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone))}
+        return {"gone": gone, "store": _store_for(group, settings, group.size - len(gone)),
+                "host": group.rank}
 
-    membership.agree(-1, group.timeout, "shrink_group", choose, among)
+    membership.agree(-1, max(deadline - time.monotonic(), 0.001), "shrink_group", choose, among)
     gone, where = membership.decided.extra["gone"], membership.decided.extra["store"]
     lost = [r for r in membership.failed() if r not in gone]
     if lost:
@@ -101,7 +103,8 @@ def _attempt(group: ProcessGroup, membership, exclude: list[int] | None, among: 
     members = [r for r in range(group.size) if r not in gone]
     ids = [membership.ids[r] for r in members]
     name = f"{group.name}.shrink{membership.agreements}"
-    store = Watched(_reach(group, where, settings, name, len(members)), membership.survival.line, ids)
+    host = membership.decided.extra["host"]
+    store = Watched(_reach(group, where, settings, name, len(members), host), membership.survival.line, ids)
     ranks = list(range(len(members))) if renumber else [group.ranks[r] for r in members]
     shrunk = form_group(store, members.index(group.rank), len(members), group.timeout, name, ranks, settings,
                         shm_options)
@@ -167,17 +170,37 @@ def _store_for(group: ProcessGroup, settings: Settings, size: int):
 _hosted: list = []  # the stores this process hosts for shrunk groups until it reaches them as a member
 
 
-def _reach(group: ProcessGroup, where, settings: Settings, name: str, size: int):
-    """The store the shrunk group ``name`` forms on: a view of the old one, or the new one at ``where``."""
+def _reach(group: ProcessGroup, where, settings: Settings, name: str, size: int, host: int):
+    """The store the shrunk group ``name`` forms on: a view of the old one, or the new one at ``where``, which
+    ``group``'s rank ``host`` serves.
+
+    Raises:
+        PeerLost: the new store's host died before this process reached it.
+        RendezvousError: it did not answer within :data:`REACH_S`.
+    """
     if where is None:
         return group.store.prefix(name)
-    host, port = where
+    address, port = where
     for store in _hosted:
         if store.port == port:
             _hosted.remove(store)
             return store
-    # its host listened before it decided: not reached at once, it died since (a wait of the whole timeout
-    # for a host that may start later is for a rendezvous, not here)
-    store = rendezvous.TCPStore(host, port, timeout=REACH_S, world_size=size, security=Security.of(settings))
-    store.timeout = group.timeout
-    return store
+    # its host listened before it decided: if not reached at once, it died since, which its lifeline tells
+    # (a wait of the whole timeout for a host that may start later is for a rendezvous, not here)
+    line, end = group.membership.survival.line, time.monotonic() + REACH_S
+    while True:
+        with line.cv:
+            dead = group.membership.ids[host] in line.dead
+        if dead:
+            raise with_peer(PeerLost(f"rank {group.rank}/{group.size}: shrink_group of process group "
+                                     f"'{group.name}': rank {host}, the new store's host, died before this rank "
+                                     "reached it"), host)
+        try:
+            store = rendezvous.TCPStore(address, port, timeout=min(WATCH_MS / 1000, max(end - time.monotonic(), 0.001)),
+                                        world_size=size, security=Security.of(settings))
+        except RendezvousError:
+            if time.monotonic() >= end:
+                raise
+            continue
+        store.timeout = group.timeout
+        return store

@@ -17,7 +17,9 @@ slow test runs 100 kills and prints it (the figures in docs/reliability.md).
 from __future__ import annotations
 
 import collections
+import multiprocessing.connection
 import os
+import pathlib
 import random
 import signal
 import threading
@@ -138,6 +140,32 @@ def campaign(kills: int, seed: int = 0) -> dict:
     tally.setdefault("hangs", 0)
     tally.setdefault("wrong results", 0)
     return {"tally": dict(tally), "recoveries": sorted(recoveries)}
+
+
+def _killed_while_reporting(rank, world, pid_file):
+    """Rank 1 dies halfway through writing its result to the parent; rank 0 reports after that."""
+    if rank == 1:
+        def write_half_and_die(connection, buf, write=os.write):
+            write(connection.fileno(), bytes(buf)[:max(1, len(buf) // 2)])
+            os.kill(os.getpid(), signal.SIGKILL)
+        multiprocessing.connection.Connection._send = write_half_and_die  # in this process only
+        pid_file.write_text(str(os.getpid()))
+        return "never reported whole"
+    while not pid_file.exists():
+        time.sleep(0.01)
+    stat = pathlib.Path(f"/proc/{pid_file.read_text()}/stat")
+    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # until it is a zombie
+        time.sleep(0.01)
+    return "reported"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_while_it_reports_costs_no_other_rank_its_report(tmp_path):
+    # The campaign's kills come from timers, which may fire while the victim hands its result to the
+    # parent: that must not keep a survivor's result from the parent (it did: a lock shared by the ranks).
+    results = run_ranks(lambda rank, world: _killed_while_reporting(rank, world, tmp_path / "pid"), 2,
+                        init=False, deadline=30, expect_errors=True)
+    assert results == ["reported", ("killed", -signal.SIGKILL)]
 
 
 @pytest.mark.timeout(600)

@@ -171,3 +171,27 @@ def test_a_member_dying_while_the_shrunk_group_forms_is_left_out_too(transport, 
     results = run_ranks(body, 4, timeout=600, deadline=60, expect_errors=True, env={"ALLREDUCE_TRANSPORT": transport})
     assert results[2][0] == results[3][0] == "killed", results
     assert results[:2] == [([3] * 9, True)] * 2, results
+
+
+def test_the_new_store_host_dying_before_the_others_reach_it_costs_no_wait_for_it():
+    # Rank 0 (the store's host) dies; rank 1, the shrink's coordinator, hosts the new store and dies
+    # right after it decided. The others, reaching a store whose host they know dead, try again at once
+    # (with a reach allowance of 60 s here, a wait for it would show).
+    def body(rank, size):
+        from allreduce import survival
+
+        survival.REACH_S = 60.0
+        if rank == 1:
+            survival._reach = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(np.ones(4))
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _wait_failed([0])
+        start = time.monotonic()
+        dist.shrink_group()
+        x = np.full(7, rank + 1, np.int64)
+        dist.all_reduce(x)
+        return dist.get_world_size(), x.tolist(), time.monotonic() - start < 30
+    results = run_ranks(body, 4, timeout=600, deadline=120, expect_errors=True)
+    assert results[0][0] == results[1][0] == "killed", results
+    assert results[2:] == [(2, [7] * 7, True)] * 2, results

@@ -8,8 +8,8 @@ suite: the parent kills every rank still alive at the deadline and reports which
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
 import os
-import queue
 import signal
 import socket
 import time
@@ -36,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, size, port, results, timeout, init, env):
+def _child(fn, rank, size, port, report, timeout, init, env):
     os.environ.update(env or {})
     try:
         import allreduce as dist
@@ -46,12 +46,11 @@ def _child(fn, rank, size, port, results, timeout, init, env):
         value = fn(rank, size)
         if init and dist.is_initialized():
             dist.destroy_process_group()
-        results.put((rank, "ok", value))
+        report.send(("ok", value))
     except BaseException as exc:  # reported to the parent, which decides
-        results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
+        report.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
     finally:
-        results.close()
-        results.join_thread()
+        report.close()
 
 
 def run_ranks(fn, size: int, timeout: float = 30.0, deadline: float = 120.0, init: bool = True,
@@ -63,21 +62,27 @@ def run_ranks(fn, size: int, timeout: float = 30.0, deadline: float = 120.0, ini
     raised (and ``("killed", exitcode)`` for ranks that died) instead of raising :class:`RankFailed`.
     """
     port = free_port()
-    results = _CTX.Queue()
-    procs = [_CTX.Process(target=_child, args=(fn, r, size, port, results, timeout, init, env), daemon=True)
-             for r in range(size)]
-    for p in procs:
-        p.start()
+    procs, readers = [], {}
+    for r in range(size):  # one pipe per rank: a rank killed while it reports blocks no other rank's report
+        reader, writer = _CTX.Pipe(duplex=False)
+        procs.append(_CTX.Process(target=_child, args=(fn, r, size, port, writer, timeout, init, env), daemon=True))
+        procs[r].start()
+        writer.close()  # closed before the next fork: the rank holds the only write end, so its death is EOF
+        readers[reader] = r
     outcome: dict[int, tuple] = {}
 
     end = time.monotonic() + deadline
-    while len(outcome) < size and time.monotonic() < end:
-        try:
-            rank, status, value = results.get(timeout=0.1)
-            outcome[rank] = (status, value)
-        except queue.Empty:
-            if all(not p.is_alive() for p in procs) and results.empty():
-                break
+    while readers and time.monotonic() < end:
+        ready = mp.connection.wait(list(readers), timeout=min(0.1, max(0.0, end - time.monotonic())))
+        if not ready and not any(p.is_alive() for p in procs):
+            break  # the rest died without a word (a child of theirs may still hold a pipe open)
+        for reader in ready:
+            rank = readers.pop(reader)
+            try:
+                outcome[rank] = reader.recv()
+            except (EOFError, OSError):  # died before it reported, or while it did
+                pass
+            reader.close()
     for p in procs:
         p.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
     stuck = [r for r, p in enumerate(procs) if p.is_alive()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import random
+import socket
 import threading
 import time
 
@@ -144,3 +145,24 @@ def test_the_decoder_takes_bytes_in_any_pieces():
         Decoder().feed(encode([1, 2]))
     with pytest.raises(ValueError):
         Decoder().feed((1 << 30).to_bytes(4, "little"))
+
+
+def test_a_message_a_handler_cannot_take_leaves_the_failure_detector_running():
+    mine, theirs = socket.socketpair()
+    line = Lifeline(0, {1: mine})
+    taken = []
+
+    def handle(sender, message):
+        if "value" not in message:
+            raise KeyError("value")
+        taken.append(message["value"])
+    line.handlers.append(handle)
+    line.start()
+    try:
+        theirs.sendall(encode({"t": "contrib"}) + encode({"t": "contrib", "value": 7}))
+        theirs.close()  # the peer dies after both
+        with line.cv:
+            assert line.cv.wait_for(lambda: 1 in line.dead, timeout=10), "the peer's death was never read"
+        assert taken == [7]
+    finally:
+        line.close()

@@ -174,7 +174,10 @@ class Lifeline:
                 with self.cv:
                     for message in messages:
                         for handle in self.handlers:
-                            handle(peer, message)
+                            try:
+                                handle(peer, message)
+                            except Exception:  # a message it cannot take must not end the failure detector
+                                _log.exception("lifeline from %d: message %.200s", peer, message)
                     if not data:
                         self.dead.add(peer)
                         selector.unregister(key.fileobj)
