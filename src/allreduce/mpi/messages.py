@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import objects
 from . import p2p
-from .bufferargs import simple
+from .bufferargs import simple, written
 from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
 
@@ -45,14 +45,15 @@ class PointToPoint:
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
-        return p2p.receive(*self._p2p(), simple(buf, "buf", True), source, tag, _nothing)
+        target = simple(buf, "buf", True)
+        return p2p.receive(*self._p2p(), target, source, tag, _into(target))
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
         """Send and receive at once: the receive is posted first, so a ring of them never deadlocks.
         Both buffers are checked before either is posted, so a bad one leaves nothing pending."""
         outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
@@ -60,7 +61,7 @@ class PointToPoint:
         """Send the buffer and receive into it: the outgoing bytes are copied first."""
         target = simple(buf, "buf", True)
         outgoing = target.copy()
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
@@ -68,14 +69,14 @@ class PointToPoint:
         """``Sendrecv_replace`` started: the outgoing bytes are copied first."""
         target = simple(buf, "buf", True)
         outgoing = target.copy()  # before the receive may write into it
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
 
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
         """``Sendrecv`` started: the request completes when both halves have."""
         outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
@@ -263,8 +264,11 @@ def _predefined(no_proc: bool) -> Message:
     return MESSAGE_NO_PROC if no_proc else MESSAGE_NULL
 
 
-def _nothing(payload) -> None:
-    return None
+def _into(target: np.ndarray):
+    """A buffer receive's ``deliver``: the bytes are in ``target``, written back to the user's memory
+    if a derived datatype packed it (:func:`~.bufferargs.written`)."""
+    return lambda payload: written(target)
+
 
 
 def _unpickled(payload):
