@@ -178,15 +178,16 @@ class Datatype(Constructors):
 
     @classmethod
     def fromcode(cls, code: str) -> "Datatype":
-        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
+        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them
+        (``DATATYPE_NULL`` for the long doubles numpy cannot carry here).
 
         Raises:
             ValueError: a typecode no datatype here stands for.
         """
         found = _BY_CODE.get(code)
-        if found is None or not found:
+        if found is None:
             raise ValueError(f"cannot map typecode {code!r} to an MPI datatype")
-        return found
+        return found  # DATATYPE_NULL for "g" and "G", as on an MPI without long double
 
     def tocode(self) -> str:
         """The typecode of a predefined datatype (``MPI.DOUBLE.tocode() == "d"``).
@@ -363,7 +364,7 @@ _BY_CODE = {
     "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG, "B": UNSIGNED_CHAR,
     "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG, "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE,
     "g": LONG_DOUBLE, "?": C_BOOL, "F": C_FLOAT_COMPLEX, "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX,
-    "e": FLOAT16_T, "p": AINT, "u": WCHAR,
+    "e": FLOAT16_T, "p": AINT, "P": UNSIGNED_LONG, "u": WCHAR,
     "i1": INT8_T, "i2": INT16_T, "i4": INT32_T, "i8": INT64_T, "u1": UINT8_T, "u2": UINT16_T, "u4": UINT32_T,
     "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
     "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
@@ -382,3 +383,18 @@ def datatype_of(dtype) -> Datatype:
     """The predefined datatype of a numpy dtype (or a typecode such as ``"d"``), else an unnamed one."""
     dtype = np.dtype(dtype)
     return _BY_DTYPE.get(dtype) or Datatype(dtype, str(dtype))
+
+
+def typecode_of(datatype: Datatype) -> str | None:
+    """The numpy typecode of a predefined (or f90) datatype, ``None`` for others: what mpi4py's
+    ``MPI._typecode`` answers, which ``mpi4py.util.dtlib`` builds numpy dtypes from."""
+    if datatype.dtype is None or not datatype.is_predefined:
+        return None
+    return datatype.tocode()
+
+
+def typealign_of(datatype: Datatype) -> int | None:
+    """The alignment in bytes of a predefined datatype (mpi4py's ``MPI._typealign``), else ``None``."""
+    if datatype.dtype is None or not datatype.is_predefined:
+        return None
+    return datatype.dtype.alignment
