@@ -1,5 +1,6 @@
-"""Derived MPI datatypes in one process: layouts against numpy's own indexing, Pack/Unpack round trips,
-envelopes and contents that rebuild the type, and derived buffers through a world of one."""
+"""Derived MPI datatypes: layouts against numpy's own indexing, Pack/Unpack round trips, envelopes and
+contents that rebuild the type (in this process), and derived buffers through point-to-point and
+collectives on 1 to 3 forked ranks."""
 
 import pickle
 
@@ -125,15 +126,58 @@ def test_f90_types_are_predefined_basic_ones():
     assert made.size == 8 and made.is_predefined and not made.is_named and made.decode()[2] == {"p": 6, "r": 30}
 
 
-def test_derived_buffers_in_a_world_of_one_move_only_their_elements():
-    comm = MPI.COMM_SELF
-    column = MPI.DOUBLE.Create_vector(4, 1, 3).Commit()
-    matrix = np.arange(12, dtype=np.float64)
-    got = np.full(12, -1.0)
-    comm.Sendrecv([matrix, 1, column], 0, 5, [got, 1, column], 0, 5)
-    expected = np.full(12, -1.0)
-    expected[::3] = matrix[::3]
-    assert got.tolist() == expected.tolist()
-    total = np.full(12, -1.0)
-    comm.Allreduce([matrix, 1, column], [total, 1, column], op=MPI.SUM)
-    assert total.tolist() == expected.tolist()
+def derived_between_ranks(rank, size):
+    """Columns of a matrix (a vector type) and records (a struct) through point-to-point and collectives;
+    what each rank got, as lists, for the test to compare with numpy."""
+    from allreduce import MPI
+
+    comm = MPI.COMM_WORLD
+    rows, cols = 5, size + 2  # a prime number of rows, more columns than ranks
+    column = MPI.INT64_T.Create_vector(rows, 1, cols).Create_resized(0, 8).Commit()
+    matrix = (np.arange(rows * cols, dtype=np.int64) + 100 * rank).reshape(rows, cols)
+    got = {}
+    ring = np.full((rows, cols), -1, np.int64)  # column 0 from the left neighbour into column 1
+    comm.Sendrecv([matrix, 1, column], (rank + 1) % size, 3, [ring, (1, 1), column],
+                  (rank - 1) % size, 3)
+    got["ring"] = ring.tolist()
+    total = np.full((rows, cols), -1, np.int64)  # columns 1..2 summed over ranks, in place of columns 1..2
+    comm.Allreduce([matrix, (2, 1), column], [total, (2, 1), column], MPI.SUM)
+    got["allreduce"] = total.tolist()
+    gathered = np.full((rows, size), -1, np.int64)  # column `rank` of each rank as column `rank`
+    comm.Allgather([matrix, (1, rank), column], [gathered, 1, MPI.INT64_T.Create_vector(rows, 1, size)
+                                                 .Create_resized(0, 8).Commit()])
+    got["allgather"] = gathered.tolist()
+    record = np.dtype([("x", np.float64), ("n", np.int32)], align=True)
+    struct = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.DOUBLE, MPI.INT]).Commit()
+    sent = np.zeros(3, record)
+    sent["x"], sent["n"] = np.arange(3) + 0.5 * rank, np.arange(3) * (rank + 1)
+    received = np.zeros(3, record)
+    request = comm.Irecv([received, 3, struct], (rank - 1) % size, 9)
+    comm.Send([sent, 3, struct], (rank + 1) % size, 9)
+    request.Wait()
+    got["struct"] = [received["x"].tolist(), received["n"].tolist()]
+    broadcast = matrix.copy()
+    comm.Bcast([broadcast, (1, cols - 1), column], root=size - 1)
+    got["bcast"] = broadcast.tolist()
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_derived_types_between_ranks_match_numpy(size):
+    from support.harness import run_ranks
+
+    rows, cols = 5, size + 2
+    mats = [(np.arange(rows * cols, dtype=np.int64) + 100 * r).reshape(rows, cols) for r in range(size)]
+    for rank, got in enumerate(run_ranks(derived_between_ranks, size)):
+        ring = np.full((rows, cols), -1, np.int64)
+        ring[:, 1] = mats[(rank - 1) % size][:, 0]
+        assert got["ring"] == ring.tolist()
+        total = np.full((rows, cols), -1, np.int64)
+        total[:, 1:3] = sum(m[:, 1:3] for m in mats)
+        assert got["allreduce"] == total.tolist()
+        assert got["allgather"] == np.stack([mats[r][:, r] for r in range(size)], axis=1).tolist()
+        left = (rank - 1) % size
+        assert got["struct"] == [(np.arange(3) + 0.5 * left).tolist(), (np.arange(3) * (left + 1)).tolist()]
+        bcast = mats[rank].copy()
+        bcast[:, cols - 1] = mats[size - 1][:, cols - 1]
+        assert got["bcast"] == bcast.tolist()

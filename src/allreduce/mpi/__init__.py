@@ -4,7 +4,7 @@ The same script then runs under ``allreduce run -n 4 -- python script.py``, ``mp
 (Open MPI, MPICH) and ``srun``, with no MPI installed: ``COMM_WORLD`` joins the library's default
 group on first use (see :mod:`.comm`). What MPI offers and this library has no counterpart for,
 one-sided communication, MPI-IO, process topologies, dynamic processes, inter-communicators,
-derived datatypes other than contiguous, raises ``NotImplementedError`` naming the feature. See
+distributed-array datatypes, raises ``NotImplementedError`` naming the feature. See
 docs/mpi.md.
 """
 
