@@ -1,0 +1,46 @@
+"""A waiting rank wakes as soon as its operation is done, even when the progress thread took the frame
+that finished it: persistent sends and receives in a ring, Start/Wait and Startall/Waitany, many
+rounds. The engine's poll cap and the group's timeout are raised far above the run's deadline, so that
+a missed wake-up fails the run rather than only slowing a round by the cap."""
+
+import numpy as np
+
+from support.harness import run_ranks
+
+ROUNDS = 200
+
+
+def persistent_rounds(rank, size):
+    from allreduce import MPI
+    from allreduce.p2p import progress
+
+    progress.POLL_CAP_S = 3600.0  # a waiter that misses its wake-up now sleeps past the test's deadline
+    comm = MPI.COMM_WORLD.Dup()
+    dest, source = (rank + 1) % size, (rank - 1) % size
+    received = []
+    for i in range(ROUNDS):
+        count = i % 3
+        sent, got = np.full(count, 10 * rank + count, np.int32), np.full(count + 1, -1, np.int32)
+        sending, receiving = comm.Send_init(sent, dest, 7), comm.Recv_init(got, source, 7)
+        if i % 2:
+            MPI.Prequest.Startall([sending, receiving])
+            MPI.Prequest.Waitany([sending, receiving])
+            MPI.Prequest.Waitany([sending, receiving])
+        else:
+            sending.Start()
+            receiving.Start()
+            sending.Wait()
+            receiving.Wait()
+        sending.Free()
+        receiving.Free()
+        received.append(got.tolist())
+    comm.Free()
+    return received
+
+
+def test_persistent_ring_never_waits_for_a_frame_already_taken():
+    size = 2
+    results = run_ranks(persistent_rounds, size, timeout=300.0, deadline=30.0)
+    for rank, received in enumerate(results):
+        left = (rank - 1) % size
+        assert received == [[10 * left + i % 3] * (i % 3) + [-1] for i in range(ROUNDS)]
