@@ -1,4 +1,5 @@
-"""A waiting rank wakes as soon as its operation is done, even when the progress thread took the frame
+"""Point-to-point completion: a synchronous send completes only once its receive took it, and a waiting
+rank wakes as soon as its operation is done, even when the progress thread took the frame
 that finished it: persistent sends and receives in a ring, Start/Wait and Startall/Waitany, many
 rounds. The engine's poll cap and the group's timeout are raised far above the run's deadline, so that
 a missed wake-up fails the run rather than only slowing a round by the cap."""
@@ -44,3 +45,37 @@ def test_persistent_ring_never_waits_for_a_frame_already_taken():
     for rank, received in enumerate(results):
         left = (rank - 1) % size
         assert received == [[10 * left + i % 3] * (i % 3) + [-1] for i in range(ROUNDS)]
+
+
+def synchronous_sends(rank, size):
+    """Rank 0 starts an Issend (buffer, then object) before rank 1 posts its receive: not done until then."""
+    import time
+
+    from allreduce import MPI
+
+    comm = MPI.COMM_WORLD
+    seen = []
+    if rank == 0:
+        request = comm.Issend(np.arange(3, dtype=np.int64), 1, 5)
+        objects = comm.issend({"n": 7}, 1, 6)
+        comm.Barrier()  # rank 1 has not posted its receives yet
+        time.sleep(0.2)
+        seen = [request.Test(), objects.Test()]
+        comm.Barrier()  # now it posts them
+        request.Wait()
+        objects.wait()
+        comm.Ssend(np.zeros(0), 1, 8)  # empty: also waits for its receive
+        return seen
+    comm.Barrier()
+    comm.Barrier()
+    got = np.zeros(3, np.int64)
+    comm.Recv(got, 0, 5)
+    seen = [got.tolist(), comm.recv(source=0, tag=6)]
+    comm.Recv(np.zeros(0), 0, 8)
+    return seen
+
+
+def test_issend_completes_only_once_its_receive_took_it():
+    first, second = run_ranks(synchronous_sends, 2)
+    assert first == [False, False]
+    assert second == [[0, 1, 2], {"n": 7}]

@@ -1,9 +1,10 @@
 """The point-to-point methods of a communicator, on buffers and on objects, and matched probes.
 
-Every send mode is the standard one (:mod:`.p2p`): ``Ssend``, ``Bsend`` and ``Rsend`` complete as
-``Send`` does, which every correct MPI program allows (a small message is on its way once handed to
-the kernel, a large one once its receive is posted). Persistent requests (``Send_init``,
-``Recv_init``) post a new operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
+``Bsend`` and ``Rsend`` are standard sends (:mod:`.p2p`), which every correct MPI program allows (a
+small message is on its way once handed to the kernel, a large one once its receive is posted);
+``Ssend``/``Issend`` are synchronous: done only once a receive took the message (a send to this
+rank itself completes at once). Persistent requests (``Send_init``, ``Recv_init``) post a new
+operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
 whose ``Recv`` takes the probed message: the first message of that source and tag, which is the
 probed one while no other receive of the same source and tag is posted meanwhile.
 """
@@ -37,8 +38,16 @@ class PointToPoint:
         """Start sending the buffer, which must not change until the request is done."""
         return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
 
-    Ssend = Bsend = Rsend = Send
-    Issend = Ibsend = Irsend = Isend
+    Bsend = Rsend = Send
+    Ibsend = Irsend = Isend
+
+    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
+        """Send the buffer; returns once a receive on ``dest`` took it (synchronous mode)."""
+        self.Issend(buf, dest, tag).finish()
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous send: the request completes once a receive on ``dest`` took the message."""
+        return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag, synchronous=True)
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         self.Irecv(buf, source, tag).finish(status)
@@ -83,7 +92,11 @@ class PointToPoint:
         """A persistent send: each ``Start`` sends the buffer's contents at that time."""
         return Prequest(lambda: self.Isend(buf, dest, tag))
 
-    Ssend_init = Bsend_init = Rsend_init = Send_init
+    Bsend_init = Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent synchronous send: each round completes once a receive took it."""
+        return Prequest(lambda: self.Issend(buf, dest, tag))
 
     def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         return Prequest(lambda: self.Irecv(buf, source, tag))
@@ -94,11 +107,22 @@ class PointToPoint:
         self.isend(obj, dest, tag).finish()
 
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
-        objects.check_trusted(self.process_group(), "send/isend of an object")
-        return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
+        return self._object_send(obj, dest, tag, "send/isend", synchronous=False)
 
-    ssend = bsend = send
-    issend = ibsend = isend
+    bsend = send
+    ibsend = isend
+
+    def ssend(self, obj, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).finish()
+
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        """``isend`` in synchronous mode: the request completes once a receive took the object."""
+        return self._object_send(obj, dest, tag, "ssend/issend", synchronous=True)
+
+    def _object_send(self, obj, dest: int, tag: int, what: str, synchronous: bool) -> Request:
+        objects.check_trusted(self.process_group(), f"{what} of an object")
+        payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+        return p2p.send(*self._p2p(), payload, dest, tag, synchronous=synchronous)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
         """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""

@@ -33,8 +33,9 @@ class Op:
 class Send(Op):
     """``isend`` of ``data`` (a flat array, read in place until done)."""
 
-    def __init__(self, dest: int, tag: int, number: int, data: np.ndarray):
+    def __init__(self, dest: int, tag: int, number: int, data: np.ndarray, synchronous: bool = False):
         self.dest, self.tag, self.number = dest, tag, number
+        self.synchronous = synchronous  # announced even if small: done once a receive took it
         self.payload = memoryview(data.view(np.uint8).reshape(-1)) if data.size else memoryview(b"")
         self.address = data.__array_interface__["data"][0] if data.size else 0  # where a reader on this host finds it
         self.dtype, self.count, self.nbytes = code_of(data.dtype), data.size, data.nbytes
