@@ -79,3 +79,22 @@ def test_issend_completes_only_once_its_receive_took_it():
     first, second = run_ranks(synchronous_sends, 2)
     assert first == [False, False]
     assert second == [[0, 1, 2], {"n": 7}]
+
+
+def synchronous_to_itself(rank, size):
+    """An Issend to this rank itself is not done while only probed, and is once received."""
+    from allreduce import MPI
+
+    comm = MPI.COMM_WORLD
+    request = comm.Issend(np.array([rank + 1.5]), rank, 4)
+    status = MPI.Status()
+    comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+    probed = [status.source, status.tag, request.Test()]
+    got = np.zeros(1)
+    comm.Recv(got, rank, 4)
+    request.Wait()
+    return probed + [got.tolist()]
+
+
+def test_issend_to_itself_completes_once_received():
+    assert run_ranks(synchronous_to_itself, 2) == [[r, 4, False, [r + 1.5]] for r in range(2)]

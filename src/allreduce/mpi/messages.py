@@ -2,8 +2,7 @@
 
 ``Bsend`` and ``Rsend`` are standard sends (:mod:`.p2p`), which every correct MPI program allows (a
 small message is on its way once handed to the kernel, a large one once its receive is posted);
-``Ssend``/``Issend`` are synchronous: done only once a receive took the message (a send to this
-rank itself completes at once). Persistent requests (``Send_init``, ``Recv_init``) post a new
+``Ssend``/``Issend`` are synchronous: done only once a receive took the message. Persistent requests (``Send_init``, ``Recv_init``) post a new
 operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
 whose ``Recv`` takes the probed message: the first message of that source and tag, which is the
 probed one while no other receive of the same source and tag is posted meanwhile.

@@ -127,7 +127,7 @@ class Engine(Receiving, Failing, Progress):
     def isend(self, data: np.ndarray, dest: int, tag: int, synchronous: bool = False) -> P2PWork:
         """Send the flat array ``data`` to ``dest`` with ``tag``; see the module docstring for when it is done.
         ``synchronous``: announced whatever its size, so that it is done only once a receive took it
-        (MPI's synchronous mode; a send to this rank itself is done at once all the same).
+        (MPI's synchronous mode).
 
         Raises:
             GroupBroken: after a failure, or once closed.
@@ -137,7 +137,7 @@ class Engine(Receiving, Failing, Progress):
             self._check()
             if dest == self.rank:
                 self._self_sent += 1
-                op = Send(dest, tag, self._self_sent, data)
+                op = Send(dest, tag, self._self_sent, data, synchronous)
                 self._send_to_self(op)
             else:
                 peer = self._peer(dest)
@@ -285,6 +285,10 @@ class Engine(Receiving, Failing, Progress):
         else:
             message.data = bytearray(op.payload)
             self._matcher.keep(message)
+            if op.synchronous:  # done when a receive takes it (_taken_eager)
+                message.sender = op
+                self._pending.add(op)
+                return
         self._finish(op)
 
     def _flush(self, link: Link) -> None:

@@ -62,13 +62,14 @@ class Recv(Op, Receive):
 class Message(Envelope):
     """A message that arrived: its envelope, and its payload once in, if it came eagerly."""
 
-    __slots__ = ("number", "dtype", "count", "nbytes", "eager", "data", "address")
+    __slots__ = ("number", "dtype", "count", "nbytes", "eager", "data", "address", "sender")
 
     def __init__(self, source: int, tag: int, number: int, dtype: int, count: int, nbytes: int, eager: bool):
         super().__init__(source, tag)
         self.number, self.dtype, self.count, self.nbytes, self.eager = number, dtype, count, nbytes, eager
         self.data = None  # the payload (bytes-like) of an eager message, once in
         self.address = 0  # where an announced message's payload lies in the sender
+        self.sender = None  # a synchronous send to this rank itself: done once a receive takes this
 
 
 class Peer:
