@@ -4,7 +4,7 @@ The same script then runs under ``allreduce run -n 4 -- python script.py``, ``mp
 (Open MPI, MPICH) and ``srun``, with no MPI installed: ``COMM_WORLD`` joins the library's default
 group on first use (see :mod:`.comm`). What MPI offers and this library has no counterpart for,
 one-sided communication, MPI-IO, process topologies, dynamic processes, inter-communicators,
-derived datatypes other than contiguous, raises ``NotImplementedError`` naming the feature. See
+distributed-array datatypes, raises ``NotImplementedError`` naming the feature. See
 docs/mpi.md.
 """
 
@@ -16,7 +16,7 @@ from .. import api
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .bufferargs import BOTTOM, IN_PLACE
-from .datatypes import Datatype
+from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception

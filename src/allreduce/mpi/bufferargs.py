@@ -7,6 +7,11 @@ also take ``[data, counts]``, ``[data, (counts, displs)]``, ``[data, counts, dis
 Counts and displacements are in units of the datatype, which reinterprets the data's bytes, as in
 MPI; without one, the array's own dtype decides. ``None`` (or ``BOTTOM``) as the data is a buffer of
 no elements.
+
+A derived datatype whose elements do not lie back to back (a vector, a struct, a subarray...) gives
+its buffer's elements packed (:mod:`.derived`): a copy of its basic dtype, the elements in order. A
+receive buffer packed so is a :class:`Scattered` array; the call that fills it calls :func:`written`
+once done, which writes the elements back where the datatype lays them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,39 @@ class _Bottom:
 BOTTOM = _Bottom()
 
 
+class Scattered(np.ndarray):
+    """Packed elements of a receive buffer laid out by a derived datatype (views of it share its home:
+    the user's bytes and the layout that :meth:`unpack` writes them back through)."""
+
+    def __array_finalize__(self, obj) -> None:
+        self.home = getattr(obj, "home", None)
+
+    def unpack(self) -> None:
+        packed, raw, layout, count = self.home
+        layout.unpack(packed, raw, count)
+
+
+def written(*targets) -> None:
+    """Write each packed receive buffer back into its user's memory (plain buffers are already there)."""
+    for target in targets:
+        if isinstance(target, Scattered):
+            target.unpack()
+
+
+def unpacking(*targets):
+    """A request's ``finish`` that writes the packed ``targets`` back, or ``None`` if none is packed."""
+    if not any(isinstance(t, Scattered) for t in targets):
+        return None
+    return lambda: written(*targets)
+
+
+def raw_bytes(data, what: str, writable: bool) -> np.ndarray:
+    """The bytes of a plain buffer (no count, no datatype), as a flat uint8 view."""
+    if data is None or data is BOTTOM:
+        return np.empty(0, np.uint8)
+    return flat(array_of(data, what, writable)).view(np.uint8)
+
+
 def simple(spec, what: str, writable: bool) -> np.ndarray:
     """The elements a buffer argument names, as a flat view of its basic dtype (``None``: no elements).
 
@@ -54,7 +92,7 @@ def simple(spec, what: str, writable: bool) -> np.ndarray:
         count, displ = count
     displ = 0 if displ is None else int(displ)
     elements, per = _elements(data, datatype, what, writable)
-    available = elements.size // per
+    available = elements.size // max(per, 1)
     count = available - displ if count is None else int(count)
     if displ < 0 or count < 0 or displ + count > available:
         raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
@@ -77,7 +115,7 @@ def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
         count, displ = count
     displ = 0 if displ is None else int(displ)
     elements, per = _elements(data, datatype, what, writable)
-    available = elements.size // per
+    available = elements.size // max(per, 1)
     if count is None:
         if (available - displ) % size:
             raise ValueError(f"{what}: {available - displ} elements do not split into {size} equal blocks")
@@ -170,6 +208,8 @@ def _is_datatype(x) -> bool:
 def array_of(data, what: str, writable: bool) -> np.ndarray:
     """A numpy view of any buffer mpi4py takes: the buffer protocol, DLPack, ``__array_interface__``,
     or ``__cuda_array_interface__`` over host memory (what an MPI without device support reads)."""
+    if isinstance(data, np.ndarray) and data.dtype.kind == "V" and data.flags.c_contiguous:
+        data = data.reshape(-1).view(np.uint8)  # records: their bytes, which a datatype lays out
     if isinstance(data, np.ndarray) or type(data).__module__.startswith("torch"):
         return as_array(data, what, writable)
     if hasattr(data, "mpi_view"):  # MPI.buffer, Alloc_mem's memory
@@ -205,8 +245,22 @@ def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, in
     if isinstance(datatype, str):
         datatype = Datatype.fromcode(datatype)
     basic = datatype._basic()
+    if not datatype.dense:
+        return _packed(arr.view(np.uint8), datatype.typemap, writable), datatype.count
     if arr.dtype != basic:
         if arr.nbytes % basic.itemsize:
             raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
         arr = arr.view(np.uint8).view(basic)
     return arr, datatype.count
+
+
+def _packed(raw: np.ndarray, layout, writable: bool) -> np.ndarray:
+    """Every whole element of the bytes ``raw`` laid out by ``layout``, packed into an array of its
+    basic dtype (a :class:`Scattered` one if ``writable``)."""
+    count = layout.available(raw.size)
+    packed = layout.pack(raw, count).view(layout.basic)
+    if not writable:
+        return packed
+    scattered = packed.view(Scattered)
+    scattered.home = (scattered.view(np.ndarray), raw, layout, count)
+    return scattered

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import ReduceOp
-from .bufferargs import IN_PLACE, array_of, blocked, simple, vector
+from .bufferargs import IN_PLACE, array_of, blocked, simple, vector, written
 from .errorcodes import ERR_ROOT, error
 from .requests import Request
 
@@ -81,7 +81,8 @@ class BufferCollectives:
     def Ibcast(self, buf, root: int = 0) -> Request:
         g = self.process_group()
         root = check_root(root, g.size)
-        return Request(api.broadcast(simple(buf, "buf", g.rank != root), root, g, async_op=True))
+        target = simple(buf, "buf", g.rank != root)
+        return Request(api.broadcast(target, root, g, async_op=True)).then(lambda: written(target))
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         self.Igather(sendbuf, recvbuf, root).Wait()
@@ -91,9 +92,10 @@ class BufferCollectives:
         root = check_root(root, g.size)
         if g.rank != root:
             return Request(api.gather(simple(sendbuf, "sendbuf", False), None, root, g, async_op=True))
-        blocks = split(blocked(recvbuf, g.size, "recvbuf", True), g.size)
+        whole = blocked(recvbuf, g.size, "recvbuf", True)
+        blocks = split(whole, g.size)
         send = blocks[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        return Request(api.gather(send, blocks, root, g, async_op=True))
+        return Request(api.gather(send, blocks, root, g, async_op=True)).then(lambda: written(whole))
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         self.Iscatter(sendbuf, recvbuf, root).Wait()
@@ -102,10 +104,11 @@ class BufferCollectives:
         g = self.process_group()
         root = check_root(root, g.size)
         if g.rank != root:
-            return Request(api.scatter(simple(recvbuf, "recvbuf", True), None, root, g, async_op=True))
+            target = simple(recvbuf, "recvbuf", True)
+            return Request(api.scatter(target, None, root, g, async_op=True)).then(lambda: written(target))
         blocks = split(blocked(sendbuf, g.size, "sendbuf", False), g.size)
         recv = blocks[g.rank].copy() if in_place(recvbuf) else simple(recvbuf, "recvbuf", True)
-        return Request(api.scatter(recv, blocks, root, g, async_op=True))
+        return Request(api.scatter(recv, blocks, root, g, async_op=True)).then(lambda: written(recv))
 
     def Allgather(self, sendbuf, recvbuf) -> None:
         self.Iallgather(sendbuf, recvbuf).Wait()
@@ -114,7 +117,7 @@ class BufferCollectives:
         g = self.process_group()
         recv = blocked(recvbuf, g.size, "recvbuf", True)
         send = split(recv, g.size)[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        return Request(api.all_gather_into_tensor(recv, send, g, async_op=True))
+        return Request(api.all_gather_into_tensor(recv, send, g, async_op=True)).then(lambda: written(recv))
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         self.Ialltoall(sendbuf, recvbuf).Wait()
@@ -123,7 +126,7 @@ class BufferCollectives:
         g = self.process_group()
         recv = blocked(recvbuf, g.size, "recvbuf", True)
         send = recv.copy() if in_place(sendbuf) else blocked(sendbuf, g.size, "sendbuf", False)
-        return Request(api.all_to_all_single(recv, send, group=g, async_op=True))
+        return Request(api.all_to_all_single(recv, send, group=g, async_op=True)).then(lambda: written(recv))
 
     # ---- v- and w-variants (uneven blocks) ----------------------------------------------------
 
@@ -143,6 +146,7 @@ class BufferCollectives:
             return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
         recv, counts, displs, send = agreed(g, "Gatherv", prepare)
         uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
+        written(recv)
         return done()
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -167,6 +171,7 @@ class BufferCollectives:
                 raise ValueError(f"root {root} sent {got.nbytes // max(recv.itemsize, 1)} elements; recvbuf holds "
                                  f"{recv.size}")
             recv[:] = got.view(recv.dtype)
+            written(recv)
         return done()
 
     def Allgatherv(self, sendbuf, recvbuf) -> None:
@@ -181,6 +186,7 @@ class BufferCollectives:
             return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
         recv, counts, displs, send = agreed(g, "Allgatherv", prepare)
         uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
+        written(recv)
         return done()
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
@@ -199,6 +205,7 @@ class BufferCollectives:
         recv, recv_counts, recv_displs, blocks = agreed(g, "Alltoallv", prepare)
         uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
                           into=recv.dtype)
+        written(recv)
         return done()
 
     def Alltoallw(self, sendbuf, recvbuf) -> None:

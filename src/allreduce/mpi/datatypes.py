@@ -1,70 +1,109 @@
-"""MPI datatypes as numpy dtypes: the basic ones mpi4py names, contiguous ones made of them, and the
-queries mpi4py offers on them (sizes, extents, envelopes and contents, typecodes).
+"""MPI datatypes as numpy dtypes: the basic ones mpi4py names, the derived ones made of them
+(:mod:`.constructors`, laid out by :mod:`.derived`), and the queries mpi4py offers on them (sizes,
+extents, envelopes and contents, typecodes).
 
 Those numpy cannot hold (``LONG_DOUBLE`` and its complex, the MINLOC/MAXLOC pair types) are
-``DATATYPE_NULL``, as in mpi4py on an MPI without them. Derived datatypes other than contiguous
-would need gathers of strided memory, which the flat views of this library cannot express: their
-constructors raise ``NotImplementedError``.
+``DATATYPE_NULL``, as in mpi4py on an MPI without them. Distributed-array types (``Create_darray``)
+raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from ..dtypes import bfloat16
-from .errorcodes import ERR_ARG, ERR_COUNT, ERR_KEYVAL, ERR_TYPE, error as _error
+from .constructors import (  # noqa: F401 - MPI's combiner names are module attributes
+    COMBINER_CONTIGUOUS, COMBINER_DARRAY, COMBINER_DUP, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER,
+    COMBINER_F90_REAL, COMBINER_HINDEXED, COMBINER_HINDEXED_BLOCK, COMBINER_HVECTOR, COMBINER_INDEXED,
+    COMBINER_INDEXED_BLOCK, COMBINER_NAMED, COMBINER_NAMES, COMBINER_RESIZED, COMBINER_STRUCT, COMBINER_SUBARRAY,
+    COMBINER_VALUE_INDEX, COMBINER_VECTOR, F90_COMBINERS, Constructors,
+)
+from .derived import Layout
+from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
 
-_DERIVED = ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
-            "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized",
-            "Create_f90_integer", "Create_f90_real", "Create_f90_complex", "Create_value_index")
-
-
-COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
-COMBINER_VECTOR, COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_HINDEXED = 3, 5, 6, 8
-COMBINER_INDEXED_BLOCK, COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_DARRAY = 9, 11, 12, 13
-COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER, COMBINER_RESIZED = 14, 15, 16, 17
-COMBINER_HINDEXED_BLOCK, COMBINER_VALUE_INDEX = 18, 0
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 
-@dataclass(frozen=True, eq=False)
-class Datatype:
-    """An element type: a numpy dtype, repeated ``count`` times for a contiguous derived type.
+@dataclass(eq=False)
+class Datatype(Constructors):
+    """An element type: a numpy dtype, or a derived layout of basic dtypes (:mod:`.derived`).
 
     Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL`` and
     for those numpy cannot hold (``LONG_DOUBLE`` and its complex), which are ``DATATYPE_NULL``, as
-    in mpi4py on an MPI that lacks them.
+    in mpi4py on an MPI that lacks them. A derived type's ``dtype`` is its one basic dtype (bytes for
+    a struct of several) and ``count`` how many of those one element holds.
     """
 
-    dtype: np.dtype | None  # the basic element
-    name: str  # MPI's name, e.g. MPI_DOUBLE
+    dtype: "np.dtype | Datatype | None" = None  # the basic element (a Datatype: another handle of it)
+    name: str = "MPI_DATATYPE_NULL"  # MPI's name, e.g. MPI_DOUBLE
     count: int = 1  # basic elements in one element of this type
     combiner: int = COMBINER_NAMED  # how the type was made
-    parent: "Datatype | None" = None  # what Dup or Create_contiguous made it of
+    layout: Layout | None = None  # where a derived type's elements lie; None: count dtypes back to back
+    recipe: tuple = ((), (), (), ())  # (integers, addresses, datatypes, constructor arguments) it was made of
+
+    def __post_init__(self) -> None:
+        """``Datatype()`` is a null handle, ``Datatype(datatype)`` another handle of ``datatype`` (equal
+        to it, not it), as in mpi4py."""
+        other = self.dtype
+        if isinstance(other, Datatype):
+            self.__dict__.update(other.__dict__)
+        elif other is not None and not isinstance(other, np.dtype):
+            raise TypeError(f"Datatype() takes a Datatype to copy, got {type(other).__name__}")
+        self.__dict__.setdefault("origin", self)  # what every handle of this type shares
+
+    @classmethod
+    def _made(cls, layout: Layout, combiner: int, integers, addresses, datatypes, params: dict) -> "Datatype":
+        for old in datatypes:
+            old._basic()
+        basic = layout.basic
+        return cls(basic, "", layout.size // basic.itemsize, combiner, layout,
+                   (list(integers), list(addresses), list(datatypes), dict(params)))
+
+    def _repeated(self, count: int) -> "Datatype":
+        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing)."""
+        return Datatype(self._basic(), "", self.count * count, COMBINER_CONTIGUOUS, None,
+                        ([count], [], [self], {"count": count}))
+
+    def _f90(self, combiner: int, integers, params: dict) -> "Datatype":
+        return Datatype(self.dtype, "", 1, combiner, None, (list(integers), [], [], dict(params)))
 
     def _basic(self) -> np.dtype:
         if self.dtype is None:
             raise _error_type(f"{self.name} has no elements (it is MPI.DATATYPE_NULL)")
         return self.dtype
 
+    @cached_property
+    def typemap(self) -> Layout:
+        """Where the basic elements of one element lie (computed once per type)."""
+        return self.layout if self.layout is not None else Layout.of(self._basic(), self.count)
+
+    @property
+    def dense(self) -> bool:
+        """Whether a buffer of this type is a plain array of its basic dtype (no packing needed)."""
+        return self.layout is None or self.layout.dense
+
     @property
     def size(self) -> int:
-        return self._basic().itemsize * self.count
+        return self._basic().itemsize * self.count if self.layout is None else self.layout.size
 
-    extent = size
-    true_extent = size
-    lb = true_lb = property(lambda self: 0)
-    ub = true_ub = property(lambda self: self.size)
+    extent = property(lambda self: self.size if self.layout is None else self.layout.extent)
+    lb = property(lambda self: 0 if self.layout is None else self.layout.lb)
+    ub = property(lambda self: self.lb + self.extent)
+    true_lb = property(lambda self: 0 if self.layout is None else self.layout.true_bounds[0])
+    true_ub = property(lambda self: self.size if self.layout is None else self.layout.true_bounds[1])
+    true_extent = property(lambda self: self.true_ub - self.true_lb)
 
     def Get_size(self) -> int:
         return self.size
 
     def Get_extent(self) -> tuple[int, int]:
-        return 0, self.size
+        return self.lb, self.extent
 
-    Get_true_extent = Get_extent
+    def Get_true_extent(self) -> tuple[int, int]:
+        return self.true_lb, self.true_extent
 
     def Get_name(self) -> str:
         return self.name
@@ -87,14 +126,15 @@ class Datatype:
     def is_named(self) -> bool:
         return self.combiner == COMBINER_NAMED
 
-    is_predefined = is_named
+    @property
+    def is_predefined(self) -> bool:
+        return self.combiner == COMBINER_NAMED or self.combiner in F90_COMBINERS
 
     def Get_envelope(self) -> tuple[int, int, int, int, int]:
         """``(integers, addresses, large counts, datatypes, combiner)``: how many of each
         ``Get_contents`` returns, and how the type was made."""
-        integers, addresses, counts, datatypes = (len(part) for part in self.Get_contents()) \
-            if self.combiner != COMBINER_NAMED else (0, 0, 0, 0)
-        return integers, addresses, counts, datatypes, self.combiner
+        integers, addresses, datatypes, _ = self.recipe
+        return len(integers), len(addresses), 0, len(datatypes), self.combiner
 
     @property
     def envelope(self):
@@ -108,44 +148,46 @@ class Datatype:
         """
         if self.combiner == COMBINER_NAMED:
             raise _error(ERR_ARG, f"{self.name} is predefined: it has no contents")
-        if self.combiner == COMBINER_CONTIGUOUS:
-            return [self.count // max(self.parent.count, 1) if self.parent.count else 0], [], [], [self.parent]
-        return [], [], [], [self.parent]
+        integers, addresses, datatypes, _ = self.recipe
+        return list(integers), list(addresses), [], list(datatypes)
 
     @property
     def contents(self):
         return self.Get_contents()
 
+    @property
+    def combiner_name(self) -> str:
+        return COMBINER_NAMES[self.combiner]
+
     def decode(self):
-        """``(self, "NAMED", {})`` for a predefined type, else ``(base, combiner name, its arguments)``."""
+        """``(self, "NAMED", {})`` for a predefined type, else ``(old type, combiner name, the
+        constructor's arguments)``: calling ``Create_<name>`` of the old type with them makes the type
+        again (the old type is ``DATATYPE_NULL`` for a struct, whose arguments hold its datatypes)."""
         if self.combiner == COMBINER_NAMED:
             return self, "NAMED", {}
-        if self.combiner == COMBINER_CONTIGUOUS:
-            return self.parent, "CONTIGUOUS", {"count": self.count // self.parent.count}
-        return self.parent, "DUP", {}
+        datatypes, params = self.recipe[2], self.recipe[3]
+        old = datatypes[0] if len(datatypes) == 1 else DATATYPE_NULL
+        return old, self.combiner_name, dict(params)
 
     def Dup(self) -> "Datatype":
-        """A new handle of the same type (equal in every respect but identity)."""
+        """A new type, the same as this one (``COMBINER_DUP``)."""
         self._basic()
-        return Datatype(self.dtype, self.name, self.count, COMBINER_DUP, self)
+        return Datatype(self.dtype, self.name, self.count, COMBINER_DUP, self.layout, ([], [], [self], {}))
 
-    def Create_contiguous(self, count: int) -> "Datatype":
-        """``count`` elements of this type back to back, as one element."""
-        if int(count) < 0:
-            raise _error(ERR_COUNT, f"count must be >= 0, got {count}")
-        return Datatype(self._basic(), "", self.count * int(count), COMBINER_CONTIGUOUS, self)
+    Create_dup = Dup
 
     @classmethod
     def fromcode(cls, code: str) -> "Datatype":
-        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
+        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them
+        (``DATATYPE_NULL`` for the long doubles numpy cannot carry here).
 
         Raises:
             ValueError: a typecode no datatype here stands for.
         """
         found = _BY_CODE.get(code)
-        if found is None or not found:
+        if found is None:
             raise ValueError(f"cannot map typecode {code!r} to an MPI datatype")
-        return found
+        return found  # DATATYPE_NULL for "g" and "G", as on an MPI without long double
 
     def tocode(self) -> str:
         """The typecode of a predefined datatype (``MPI.DOUBLE.tocode() == "d"``).
@@ -156,9 +198,11 @@ class Datatype:
         for code, datatype in _BY_CODE.items():
             if datatype is self and len(code) == 1:
                 return code
-        if self.is_named and self.dtype is not None:
+        if self.is_predefined and self.dtype is not None:
             return self.dtype.char
-        raise ValueError(f"cannot map {self.name} to a typecode")
+        if self.combiner == COMBINER_DUP and self.recipe[2]:
+            return self.recipe[2][0].tocode()
+        raise ValueError(f"cannot map {self.name or 'a derived datatype'} to a typecode")
 
     def Get_attr(self, keyval: int):
         """Datatypes carry no attributes here: every key is unknown (``ERR_KEYVAL``)."""
@@ -188,6 +232,9 @@ class Datatype:
         return DATATYPE_NULL
 
     def Commit(self) -> "Datatype":
+        """Ready the type for communication: its layout's byte index is computed here, once."""
+        if not self.dense:
+            self.typemap.byte_index
         self._basic()
         return self
 
@@ -202,31 +249,32 @@ class Datatype:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Datatype):
             return NotImplemented
-        return self is other or (self.dtype is None and other.dtype is None)
+        return self.origin is other.origin or (self.dtype is None and other.dtype is None)
 
     def __hash__(self) -> int:
-        return id(self) if self.dtype is not None else 0
+        return id(self.origin) if self.dtype is not None else 0
 
     def __reduce__(self):
         if self.combiner == COMBINER_NAMED and self.name in _NAMED:
-            return _named, (self.name,)
-        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.parent)
+            named = _NAMED[self.name]
+            return (_named, (self.name,)) if self is named else (Datatype, (named,))
+        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.layout, self.recipe)
 
     def __repr__(self) -> str:
-        return f"<Datatype {self.name}>"
+        return f"<Datatype {self.name or self.combiner_name}>"
 
 
 def _refused(name: str):
     def refused(*args, **kwargs):
-        raise NotImplementedError(f"derived datatypes other than contiguous ({name}) are not supported by "
-                                  "allreduce.MPI; copy the data into a contiguous array")
+        raise NotImplementedError(f"derived datatypes of distributed arrays ({name}) are not supported by "
+                                  "allreduce.MPI; describe the local block with Create_subarray")
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not supported: {name} (raises NotImplementedError)."
     return refused
 
 
-for _name in _DERIVED:  # mpi4py's names exist, and say what is missing when called
-    setattr(Datatype, _name, _refused(_name))
+Datatype.Create_darray = _refused("Create_darray")  # mpi4py's name exists, and says what is missing
+Datatype.Create_value_index = _refused("Create_value_index")
 
 
 def _error_type(message: str):
@@ -316,7 +364,7 @@ _BY_CODE = {
     "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG, "B": UNSIGNED_CHAR,
     "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG, "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE,
     "g": LONG_DOUBLE, "?": C_BOOL, "F": C_FLOAT_COMPLEX, "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX,
-    "e": FLOAT16_T, "p": AINT, "u": WCHAR,
+    "e": FLOAT16_T, "p": AINT, "P": UNSIGNED_LONG, "u": WCHAR,
     "i1": INT8_T, "i2": INT16_T, "i4": INT32_T, "i8": INT64_T, "u1": UINT8_T, "u2": UINT16_T, "u4": UINT32_T,
     "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
     "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
@@ -335,3 +383,18 @@ def datatype_of(dtype) -> Datatype:
     """The predefined datatype of a numpy dtype (or a typecode such as ``"d"``), else an unnamed one."""
     dtype = np.dtype(dtype)
     return _BY_DTYPE.get(dtype) or Datatype(dtype, str(dtype))
+
+
+def typecode_of(datatype: Datatype) -> str | None:
+    """The numpy typecode of a predefined (or f90) datatype, ``None`` for others: what mpi4py's
+    ``MPI._typecode`` answers, which ``mpi4py.util.dtlib`` builds numpy dtypes from."""
+    if datatype.dtype is None or not datatype.is_predefined:
+        return None
+    return datatype.tocode()
+
+
+def typealign_of(datatype: Datatype) -> int | None:
+    """The alignment in bytes of a predefined datatype (mpi4py's ``MPI._typealign``), else ``None``."""
+    if datatype.dtype is None or not datatype.is_predefined:
+        return None
+    return datatype.dtype.alignment

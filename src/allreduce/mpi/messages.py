@@ -1,9 +1,9 @@
 """The point-to-point methods of a communicator, on buffers and on objects, and matched probes.
 
-Every send mode is the standard one (:mod:`.p2p`): ``Ssend``, ``Bsend`` and ``Rsend`` complete as
-``Send`` does, which every correct MPI program allows (a small message is on its way once handed to
-the kernel, a large one once its receive is posted). Persistent requests (``Send_init``,
-``Recv_init``) post a new operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
+``Bsend`` and ``Rsend`` are standard sends (:mod:`.p2p`), which every correct MPI program allows (a
+small message is on its way once handed to the kernel, a large one once its receive is posted);
+``Ssend``/``Issend`` are synchronous: done only once a receive took the message. Persistent requests (``Send_init``, ``Recv_init``) post a new
+operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
 whose ``Recv`` takes the probed message: the first message of that source and tag, which is the
 probed one while no other receive of the same source and tag is posted meanwhile.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import objects
 from . import p2p
-from .bufferargs import simple
+from .bufferargs import simple, written
 from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
 
@@ -37,22 +37,31 @@ class PointToPoint:
         """Start sending the buffer, which must not change until the request is done."""
         return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag)
 
-    Ssend = Bsend = Rsend = Send
-    Issend = Ibsend = Irsend = Isend
+    Bsend = Rsend = Send
+    Ibsend = Irsend = Isend
+
+    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
+        """Send the buffer; returns once a receive on ``dest`` took it (synchronous mode)."""
+        self.Issend(buf, dest, tag).finish()
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous send: the request completes once a receive on ``dest`` took the message."""
+        return p2p.send(*self._p2p(), simple(buf, "buf", False), dest, tag, synchronous=True)
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         self.Irecv(buf, source, tag).finish(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a message that fits the buffer (a larger one raises ``Mismatch``)."""
-        return p2p.receive(*self._p2p(), simple(buf, "buf", True), source, tag, _nothing)
+        target = simple(buf, "buf", True)
+        return p2p.receive(*self._p2p(), target, source, tag, _into(target))
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
         """Send and receive at once: the receive is posted first, so a ring of them never deadlocks.
         Both buffers are checked before either is posted, so a bad one leaves nothing pending."""
         outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
@@ -60,7 +69,7 @@ class PointToPoint:
         """Send the buffer and receive into it: the outgoing bytes are copied first."""
         target = simple(buf, "buf", True)
         outgoing = target.copy()
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         p2p.exchange(receiving, _sent(self, receiving, outgoing, dest, sendtag), status)
 
     def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
@@ -68,21 +77,25 @@ class PointToPoint:
         """``Sendrecv_replace`` started: the outgoing bytes are copied first."""
         target = simple(buf, "buf", True)
         outgoing = target.copy()  # before the receive may write into it
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
 
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
         """``Sendrecv`` started: the request completes when both halves have."""
         outgoing, target = simple(sendbuf, "sendbuf", False), simple(recvbuf, "recvbuf", True)
-        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _nothing)
+        receiving = p2p.receive(*self._p2p(), target, source, recvtag, _into(target))
         return _Both(receiving, _sent(self, receiving, outgoing, dest, sendtag))
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
         """A persistent send: each ``Start`` sends the buffer's contents at that time."""
         return Prequest(lambda: self.Isend(buf, dest, tag))
 
-    Ssend_init = Bsend_init = Rsend_init = Send_init
+    Bsend_init = Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent synchronous send: each round completes once a receive took it."""
+        return Prequest(lambda: self.Issend(buf, dest, tag))
 
     def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         return Prequest(lambda: self.Irecv(buf, source, tag))
@@ -93,11 +106,22 @@ class PointToPoint:
         self.isend(obj, dest, tag).finish()
 
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
-        objects.check_trusted(self.process_group(), "send/isend of an object")
-        return p2p.send(*self._p2p(), np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag)
+        return self._object_send(obj, dest, tag, "send/isend", synchronous=False)
 
-    ssend = bsend = send
-    issend = ibsend = isend
+    bsend = send
+    ibsend = isend
+
+    def ssend(self, obj, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).finish()
+
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        """``isend`` in synchronous mode: the request completes once a receive took the object."""
+        return self._object_send(obj, dest, tag, "ssend/issend", synchronous=True)
+
+    def _object_send(self, obj, dest: int, tag: int, what: str, synchronous: bool) -> Request:
+        objects.check_trusted(self.process_group(), f"{what} of an object")
+        payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+        return p2p.send(*self._p2p(), payload, dest, tag, synchronous=synchronous)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
         """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
@@ -263,8 +287,11 @@ def _predefined(no_proc: bool) -> Message:
     return MESSAGE_NO_PROC if no_proc else MESSAGE_NULL
 
 
-def _nothing(payload) -> None:
-    return None
+def _into(target: np.ndarray):
+    """A buffer receive's ``deliver``: the bytes are in ``target``, written back to the user's memory
+    if a derived datatype packed it (:func:`~.bufferargs.written`)."""
+    return lambda payload: written(target)
+
 
 
 def _unpickled(payload):

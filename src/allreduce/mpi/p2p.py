@@ -31,8 +31,9 @@ def exchange(receiving: Request, sending: Request, status: Status | None):
     return value
 
 
-def send(engine, size: int, payload: np.ndarray, dest: int, tag: int) -> Request:
-    """Start sending the bytes of the flat array ``payload`` to ``dest`` (a rank or ``PROC_NULL``).
+def send(engine, size: int, payload: np.ndarray, dest: int, tag: int, synchronous: bool = False) -> Request:
+    """Start sending the bytes of the flat array ``payload`` to ``dest`` (a rank or ``PROC_NULL``);
+    ``synchronous``: done only once a receive took it (``Ssend``).
 
     Raises:
         ValueError: ``dest`` is not a rank of the communicator, or ``tag`` is negative or too large.
@@ -41,7 +42,7 @@ def send(engine, size: int, payload: np.ndarray, dest: int, tag: int) -> Request
     if dest == PROC_NULL:
         return Request(None, None, (PROC_NULL, ANY_TAG, 0))
     check_tag(tag)
-    return Request(engine.isend(payload.view(np.uint8).reshape(-1), int(dest), int(tag)))
+    return Request(engine.isend(payload.view(np.uint8).reshape(-1), int(dest), int(tag), synchronous))
 
 
 def receive(engine, size: int, target: np.ndarray | None, source: int, tag: int, deliver) -> Request:

@@ -19,7 +19,7 @@ import numpy as np
 from .. import api, uneven
 from ..ops import check_op, kernel
 from .collectives import check_root, done, in_place, split
-from .bufferargs import blocked, datatype_argument, simple
+from .bufferargs import blocked, datatype_argument, simple, written
 from .reductions import SUM, Op
 from .requests import Request
 
@@ -42,13 +42,15 @@ class Reductions:
         send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
         if op.native is None:
             np.copyto(recv, _folded(g, op, send, recvbuf)[-1], casting="unsafe")
+            written(recv)
             return done()
         work, write_back = _staged(op, send, recv, g.size)
         started = api.all_reduce(work, op.for_buffers(), g, async_op=async_op)
         if async_op:
-            return Request(started, write_back)
+            return Request(started, write_back).then(lambda: written(recv))
         if write_back is not None:
             write_back()
+        written(recv)
         return done()
 
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
@@ -65,9 +67,11 @@ class Reductions:
             rows = _folded(g, op, send, recvbuf if recv is not None else sendbuf)
             if recv is not None:
                 np.copyto(recv, rows[-1], casting="unsafe")
+                written(recv)
             return done()
         work, write_back = _staged(op, send, recv, g.size)
-        return Request(api.reduce(work, root, op.for_buffers(), g, async_op=True), write_back)
+        return Request(api.reduce(work, root, op.for_buffers(), g, async_op=True), write_back).then(
+            lambda: written(recv))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
@@ -87,12 +91,14 @@ class Reductions:
                              f"{recv.size * g.size}")
         if op.native is None:
             np.copyto(recv, split(_folded(g, op, send, recvbuf)[-1], g.size)[g.rank], casting="unsafe")
+            written(recv)
             return done()
         operand = _operand(op, send, g.size)
         out = recv if recv.dtype == operand.dtype else np.empty(recv.size, operand.dtype)
         started = api.reduce_scatter_tensor(out, operand if operand is not send else send.copy(), op.for_buffers(),
                                             g, async_op=True)
-        return Request(started, None if out is recv else (lambda: np.copyto(recv, out, casting="unsafe")))
+        return Request(started, None if out is recv else (lambda: np.copyto(recv, out, casting="unsafe"))).then(
+            lambda: written(recv))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op: Op = SUM) -> None:
         self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
@@ -120,6 +126,7 @@ class Reductions:
         if op.native is None:
             total = _folded(g, op, send, recvbuf)[-1]
             np.copyto(recv[:counts[g.rank]], total[start:start + counts[g.rank]], casting="unsafe")
+            written(recv)
             return done()
         block = max(counts, default=0)
         operand = _operand(op, send, g.size)
@@ -129,6 +136,7 @@ class Reductions:
         result = np.empty(block, padded.dtype)
         api.reduce_scatter_tensor(result, padded, op.for_buffers(), g)
         np.copyto(recv[:counts[g.rank]], result[:counts[g.rank]], casting="unsafe")
+        written(recv)
         return done()
 
     def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
@@ -164,6 +172,7 @@ class Reductions:
             for row in everyone[1:]:
                 total = combine(_operand(op, total, 2), _operand(op, row, 2))
         np.copyto(recv, total, casting="unsafe")
+        written(recv)
 
 
 def _gathered(g, mine: np.ndarray) -> np.ndarray:

@@ -137,7 +137,7 @@ class Op:
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """Combine ``inbuf`` into ``inoutbuf`` on this process alone: ``inoutbuf = inbuf op inoutbuf``."""
-        from .bufferargs import datatype_argument, simple
+        from .bufferargs import datatype_argument, simple, written
         source, target = simple(inbuf, "inbuf", False), simple(inoutbuf, "inoutbuf", True)
         if source.size != target.size:
             raise ValueError(f"mismatch in inbuf count {source.size} and inoutbuf count {target.size}")
@@ -145,10 +145,12 @@ class Op:
             raise ValueError(f"mismatch in inbuf datatype ({source.dtype}) and inoutbuf datatype ({target.dtype})")
         if self.native is None:
             np.copyto(target, self.fold([source, target], datatype_argument(inoutbuf, target.dtype)), casting="unsafe")
+            written(target)
             return
         from ..ops import kernel
         operands = [source, target] if not self.logical else [source != 0, target != 0]
         np.copyto(target, kernel(self.for_buffers(), operands[0].dtype)(operands[0], operands[1]), casting="unsafe")
+        written(target)
 
     def __repr__(self) -> str:
         return f"<Op MPI.{self.name}>"

@@ -166,6 +166,21 @@ class Request:
             status.fill(*self._envelope) if self._envelope is not None else status.empty()
         return True
 
+    def then(self, callback) -> "Request":
+        """Run ``callback()`` once the operation completes (now, if it has), after what completing it
+        already does; returns this request."""
+        if not self._active:
+            callback()
+            return self
+        before = self._finish
+
+        def finish():
+            value = before() if before else None
+            callback()
+            return value
+        self._finish = finish
+        return self
+
     def Wait(self, status: Status | None = None) -> bool:
         self._complete(True, status)
         return True

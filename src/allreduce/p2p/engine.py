@@ -124,8 +124,10 @@ class Engine(Receiving, Failing, Progress):
 
     # ---- posting ---------------------------------------------------------------------------------
 
-    def isend(self, data: np.ndarray, dest: int, tag: int) -> P2PWork:
+    def isend(self, data: np.ndarray, dest: int, tag: int, synchronous: bool = False) -> P2PWork:
         """Send the flat array ``data`` to ``dest`` with ``tag``; see the module docstring for when it is done.
+        ``synchronous``: announced whatever its size, so that it is done only once a receive took it
+        (MPI's synchronous mode).
 
         Raises:
             GroupBroken: after a failure, or once closed.
@@ -135,12 +137,12 @@ class Engine(Receiving, Failing, Progress):
             self._check()
             if dest == self.rank:
                 self._self_sent += 1
-                op = Send(dest, tag, self._self_sent, data)
+                op = Send(dest, tag, self._self_sent, data, synchronous)
                 self._send_to_self(op)
             else:
                 peer = self._peer(dest)
                 peer.sent += 1
-                op = Send(dest, tag, peer.sent, data)
+                op = Send(dest, tag, peer.sent, data, synchronous)
                 self._pending.add(op)
                 if peer.out_lost is not None:
                     self._lost(op, peer.out_lost)
@@ -253,7 +255,7 @@ class Engine(Receiving, Failing, Progress):
     def _post_send(self, peer: Peer, op: Send) -> None:
         op.state = "sending" if peer.out is not None else "connecting"
         charge = op.nbytes + OVERHEAD
-        if op.nbytes <= EAGER_MAX and peer.credit >= charge:
+        if op.nbytes <= EAGER_MAX and peer.credit >= charge and not op.synchronous:
             peer.credit -= charge
             frame = wire.message(op.tag, op.number, op.dtype, op.count, op.nbytes)
             self._queue(peer, frame, op.payload, lambda: self._finish(op))
@@ -283,6 +285,10 @@ class Engine(Receiving, Failing, Progress):
         else:
             message.data = bytearray(op.payload)
             self._matcher.keep(message)
+            if op.synchronous:  # done when a receive takes it (_taken_eager)
+                message.sender = op
+                self._pending.add(op)
+                return
         self._finish(op)
 
     def _flush(self, link: Link) -> None:

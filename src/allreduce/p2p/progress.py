@@ -119,6 +119,8 @@ class Progress:
                         self._fail(Interrupted(f"rank {self.rank}/{self.size}: point-to-point progress was "
                                                f"interrupted by {type(exc).__name__}"))
                         raise
+                    if events and self._drivers > 1:
+                        self._wake()  # what this handled may be what another driver waits for
                     settled = self._settle()
                 self._resolve(settled)
         finally:
@@ -154,6 +156,10 @@ class Progress:
             events = poller.poll(None if wait is None else wait * 1000.0)
             with self._cv:
                 self._handle(events, watched)
+                if events and self._drivers:
+                    # a thread began to drive while this one polled, and may sleep in its own poll on the
+                    # bytes this just took off the socket (the frame that finishes its operation)
+                    self._wake()
                 wait = self._orphans()
                 settled = self._settle()
             self._resolve(settled)

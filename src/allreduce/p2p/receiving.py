@@ -122,6 +122,8 @@ class Receiving:
 
     def _taken_eager(self, receive: Recv, message: Message) -> None:
         self._finish(receive)
+        if message.sender is not None:  # a synchronous send to this rank: done now its receive took it
+            self._finish(message.sender)
         if message.source != self.rank:
             peer = self._peers[message.source]
             peer.owed += message.nbytes + OVERHEAD

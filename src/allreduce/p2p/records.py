@@ -33,8 +33,9 @@ class Op:
 class Send(Op):
     """``isend`` of ``data`` (a flat array, read in place until done)."""
 
-    def __init__(self, dest: int, tag: int, number: int, data: np.ndarray):
+    def __init__(self, dest: int, tag: int, number: int, data: np.ndarray, synchronous: bool = False):
         self.dest, self.tag, self.number = dest, tag, number
+        self.synchronous = synchronous  # announced even if small: done once a receive took it
         self.payload = memoryview(data.view(np.uint8).reshape(-1)) if data.size else memoryview(b"")
         self.address = data.__array_interface__["data"][0] if data.size else 0  # where a reader on this host finds it
         self.dtype, self.count, self.nbytes = code_of(data.dtype), data.size, data.nbytes
@@ -61,13 +62,14 @@ class Recv(Op, Receive):
 class Message(Envelope):
     """A message that arrived: its envelope, and its payload once in, if it came eagerly."""
 
-    __slots__ = ("number", "dtype", "count", "nbytes", "eager", "data", "address")
+    __slots__ = ("number", "dtype", "count", "nbytes", "eager", "data", "address", "sender")
 
     def __init__(self, source: int, tag: int, number: int, dtype: int, count: int, nbytes: int, eager: bool):
         super().__init__(source, tag)
         self.number, self.dtype, self.count, self.nbytes, self.eager = number, dtype, count, nbytes, eager
         self.data = None  # the payload (bytes-like) of an eager message, once in
         self.address = 0  # where an announced message's payload lies in the sender
+        self.sender = None  # a synchronous send to this rank itself: done once a receive takes this
 
 
 class Peer:

@@ -1,0 +1,238 @@
+"""MPI's derived-datatype constructors and its packing calls, as methods of ``Datatype``.
+
+Each constructor builds the new type's layout (:mod:`.derived`) from its old type's and records the
+arguments it was called with, which ``Get_contents`` and ``decode`` give back (in MPI-3's form:
+counts among the integers, byte displacements among the addresses). ``Pack`` and ``Unpack`` move
+elements between a buffer laid out by the type and packed bytes; ``Pack_external`` writes MPI's
+portable ``external32`` form (big-endian).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import derived
+from .errorcodes import ERR_ARG, ERR_COUNT, ERR_TRUNCATE, ERR_UNSUPPORTED_DATAREP, error as _error
+
+COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
+COMBINER_VECTOR, COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_HINDEXED = 3, 5, 6, 8
+COMBINER_INDEXED_BLOCK, COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_DARRAY = 9, 11, 12, 13
+COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER, COMBINER_RESIZED = 14, 15, 16, 17
+COMBINER_HINDEXED_BLOCK, COMBINER_VALUE_INDEX = 18, 0
+COMBINER_NAMES = {COMBINER_NAMED: "NAMED", COMBINER_DUP: "DUP", COMBINER_CONTIGUOUS: "CONTIGUOUS",
+                  COMBINER_VECTOR: "VECTOR", COMBINER_HVECTOR: "HVECTOR", COMBINER_INDEXED: "INDEXED",
+                  COMBINER_HINDEXED: "HINDEXED", COMBINER_INDEXED_BLOCK: "INDEXED_BLOCK",
+                  COMBINER_HINDEXED_BLOCK: "HINDEXED_BLOCK", COMBINER_STRUCT: "STRUCT",
+                  COMBINER_SUBARRAY: "SUBARRAY", COMBINER_DARRAY: "DARRAY", COMBINER_RESIZED: "RESIZED",
+                  COMBINER_F90_INTEGER: "F90_INTEGER", COMBINER_F90_REAL: "F90_REAL",
+                  COMBINER_F90_COMPLEX: "F90_COMPLEX"}
+F90_COMBINERS = (COMBINER_F90_INTEGER, COMBINER_F90_REAL, COMBINER_F90_COMPLEX)
+
+
+def _counts(values, what: str) -> list[int]:
+    values = [int(v) for v in values]
+    if any(v < 0 for v in values):
+        raise _error(ERR_COUNT, f"{what} must be >= 0, got {values}")
+    return values
+
+
+def _same_length(what: str, *sequences) -> None:
+    if len({len(s) for s in sequences}) > 1:
+        raise ValueError(f"{what}: blocklengths, displacements (and datatypes) must be as long as each other, "
+                         f"got {[len(s) for s in sequences]}")
+
+
+class Constructors:
+    """The constructors of :class:`~allreduce.mpi.datatypes.Datatype`, which provides ``typemap``
+    (its layout) and ``_made`` (a new type of a layout and the arguments that made it)."""
+
+    def Create_contiguous(self, count: int):
+        """``count`` elements of this type back to back, as one element."""
+        (count,) = _counts([count], "count")
+        if self.layout is None:
+            return self._repeated(count)
+        return self._made(derived.blocks(self.typemap, [count], [0]), COMBINER_CONTIGUOUS, [count], [], [self],
+                          {"count": count})
+
+    def Create_vector(self, count: int, blocklength: int, stride: int):
+        """``count`` blocks of ``blocklength`` elements, block ``i`` starting ``i * stride`` elements in."""
+        count, blocklength = _counts([count, blocklength], "count and blocklength")
+        extent = self.typemap.extent
+        return self._made(derived.blocks(self.typemap, [blocklength] * count, [i * int(stride) * extent for i in
+                                                                              range(count)]),
+                          COMBINER_VECTOR, [count, blocklength, int(stride)], [], [self],
+                          {"count": count, "blocklength": blocklength, "stride": int(stride)})
+
+    def Create_hvector(self, count: int, blocklength: int, stride: int):
+        """As ``Create_vector``, the stride in bytes."""
+        count, blocklength = _counts([count, blocklength], "count and blocklength")
+        return self._made(derived.blocks(self.typemap, [blocklength] * count, [i * int(stride) for i in range(count)]),
+                          COMBINER_HVECTOR, [count, blocklength], [int(stride)], [self],
+                          {"count": count, "blocklength": blocklength, "stride": int(stride)})
+
+    def Create_indexed(self, blocklengths, displacements):
+        """Blocks of ``blocklengths[i]`` elements at ``displacements[i]`` elements of this type."""
+        blocklengths, displacements = _counts(blocklengths, "blocklengths"), [int(d) for d in displacements]
+        _same_length("Create_indexed", blocklengths, displacements)
+        extent = self.typemap.extent
+        return self._made(derived.blocks(self.typemap, blocklengths, [d * extent for d in displacements]),
+                          COMBINER_INDEXED, [len(blocklengths), *blocklengths, *displacements], [], [self],
+                          {"blocklengths": blocklengths, "displacements": displacements})
+
+    def Create_hindexed(self, blocklengths, displacements):
+        """As ``Create_indexed``, the displacements in bytes."""
+        blocklengths, displacements = _counts(blocklengths, "blocklengths"), [int(d) for d in displacements]
+        _same_length("Create_hindexed", blocklengths, displacements)
+        return self._made(derived.blocks(self.typemap, blocklengths, displacements), COMBINER_HINDEXED,
+                          [len(blocklengths), *blocklengths], displacements, [self],
+                          {"blocklengths": blocklengths, "displacements": displacements})
+
+    def Create_indexed_block(self, blocklength: int, displacements):
+        """Blocks of ``blocklength`` elements each, at ``displacements`` elements of this type."""
+        (blocklength,), displacements = _counts([blocklength], "blocklength"), [int(d) for d in displacements]
+        extent = self.typemap.extent
+        return self._made(derived.blocks(self.typemap, [blocklength] * len(displacements),
+                                         [d * extent for d in displacements]),
+                          COMBINER_INDEXED_BLOCK, [len(displacements), blocklength, *displacements], [], [self],
+                          {"blocklength": blocklength, "displacements": displacements})
+
+    def Create_hindexed_block(self, blocklength: int, displacements):
+        """As ``Create_indexed_block``, the displacements in bytes."""
+        (blocklength,), displacements = _counts([blocklength], "blocklength"), [int(d) for d in displacements]
+        return self._made(derived.blocks(self.typemap, [blocklength] * len(displacements), displacements),
+                          COMBINER_HINDEXED_BLOCK, [len(displacements), blocklength], displacements, [self],
+                          {"blocklength": blocklength, "displacements": displacements})
+
+    @classmethod
+    def Create_struct(cls, blocklengths, displacements, datatypes):
+        """Block ``i`` is ``blocklengths[i]`` elements of ``datatypes[i]`` from byte ``displacements[i]``.
+
+        Raises:
+            ValueError: sequences of different lengths.
+        """
+        blocklengths, displacements = _counts(blocklengths, "blocklengths"), [int(d) for d in displacements]
+        datatypes = list(datatypes)
+        _same_length("Create_struct", blocklengths, displacements, datatypes)
+        layout = derived.aligned(derived.merged([(t.typemap, b, d) for t, b, d in zip(datatypes, blocklengths,
+                                                                                   displacements)]))
+        return cls._made(layout, COMBINER_STRUCT, [len(blocklengths), *blocklengths], displacements, datatypes,
+                         {"blocklengths": blocklengths, "displacements": displacements, "datatypes": datatypes})
+
+    def Create_subarray(self, sizes, subsizes, starts, order: int = 0):
+        """The ``subsizes`` block at ``starts`` of a ``sizes`` array (``ORDER_C`` or ``ORDER_FORTRAN``);
+        its extent is the whole array's.
+
+        Raises:
+            ValueError: a block outside the array.
+        """
+        sizes, subsizes, starts = (list(map(int, v)) for v in (sizes, subsizes, starts))
+        layout = derived.subarray(self.typemap, sizes, subsizes, starts, fortran=int(order) == 1)
+        return self._made(layout, COMBINER_SUBARRAY, [len(sizes), *sizes, *subsizes, *starts, int(order)], [], [self],
+                          {"sizes": sizes, "subsizes": subsizes, "starts": starts, "order": int(order)})
+
+    def Create_resized(self, lb: int, extent: int):
+        """This type with bounds ``lb`` and ``lb + extent``: successive elements step by ``extent`` bytes."""
+        return self._made(derived.resized(self.typemap, lb, extent), COMBINER_RESIZED, [], [int(lb), int(extent)],
+                          [self], {"lb": int(lb), "extent": int(extent)})
+
+    @classmethod
+    def Create_f90_integer(cls, r: int):
+        """The smallest integer type holding ``r`` decimal digits."""
+        for digits, code in ((2, "i1"), (4, "i2"), (9, "i4"), (18, "i8")):
+            if int(r) <= digits:
+                return cls.fromcode(code)._f90(COMBINER_F90_INTEGER, [int(r)], {"r": int(r)})
+        raise _error(ERR_ARG, f"no integer type holds {r} decimal digits")
+
+    @classmethod
+    def Create_f90_real(cls, p: int, r: int):
+        """The smallest real type of precision ``p`` digits and exponent range ``r``."""
+        return cls.fromcode(_real_code(p, r, "f"))._f90(COMBINER_F90_REAL, [int(p), int(r)], {"p": int(p), "r": int(r)})
+
+    @classmethod
+    def Create_f90_complex(cls, p: int, r: int):
+        """The smallest complex type whose parts have precision ``p`` and exponent range ``r``."""
+        return cls.fromcode(_real_code(p, r, "c"))._f90(COMBINER_F90_COMPLEX, [int(p), int(r)],
+                                                        {"p": int(p), "r": int(r)})
+
+    # ---- packing ---------------------------------------------------------------------------------
+
+    def Pack_size(self, count: int, comm=None) -> int:
+        """Bytes ``count`` packed elements take."""
+        return int(count) * self.typemap.size
+
+    def Pack_external_size(self, datarep: str, count: int) -> int:
+        _check_datarep(datarep)
+        return self.Pack_size(count)
+
+    def Pack(self, inbuf, outbuf, position: int, comm=None) -> int:
+        """Pack the elements of ``inbuf`` (as many whole ones as it holds) into ``outbuf`` at byte
+        ``position``; returns the position after them.
+
+        Raises:
+            MPI.Exception: ``ERR_TRUNCATE`` where ``outbuf`` has no room for them.
+        """
+        return self._pack(inbuf, outbuf, position, big_endian=None)
+
+    def Unpack(self, inbuf, position: int, outbuf, comm=None) -> int:
+        """Unpack bytes of ``inbuf`` from ``position`` into as many elements as ``outbuf`` holds;
+        returns the position after them."""
+        return self._unpack(inbuf, position, outbuf, big_endian=None)
+
+    def Pack_external(self, datarep: str, inbuf, outbuf, position: int) -> int:
+        """``Pack`` in the portable ``external32`` representation (big-endian)."""
+        _check_datarep(datarep)
+        return self._pack(inbuf, outbuf, position, big_endian=True)
+
+    def Unpack_external(self, datarep: str, inbuf, position: int, outbuf) -> int:
+        _check_datarep(datarep)
+        return self._unpack(inbuf, position, outbuf, big_endian=True)
+
+    def _pack(self, inbuf, outbuf, position: int, big_endian) -> int:
+        from .bufferargs import raw_bytes
+        layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
+        count = _whole(source.size, layout)
+        packed = layout.pack(source, count)
+        if big_endian is not None:
+            packed = layout.swapped(packed, count, big_endian)
+        return _put(packed, target, int(position))
+
+    def _unpack(self, inbuf, position: int, outbuf, big_endian) -> int:
+        from .bufferargs import raw_bytes
+        layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
+        count, position = _whole(target.size, layout), int(position)
+        packed = source[position:position + count * layout.size]
+        if packed.size < count * layout.size:
+            raise _error(ERR_TRUNCATE, f"Unpack: {count} elements need {count * layout.size} bytes from position "
+                                       f"{position}, inbuf has {source.size - position}")
+        if big_endian is not None:
+            packed = layout.swapped(packed, count, big_endian)
+        layout.unpack(packed, target, count)
+        return position + packed.size
+
+
+def _whole(nbytes: int, layout) -> int:
+    """Elements of a buffer of ``nbytes`` bytes in Pack/Unpack: its bytes over the extent, as mpi4py counts."""
+    if layout.extent <= 0:
+        return 0
+    return min(nbytes // layout.extent, layout.available(nbytes))
+
+
+def _put(packed: np.ndarray, target: np.ndarray, position: int) -> int:
+    if position < 0 or position + packed.size > target.size:
+        raise _error(ERR_TRUNCATE, f"Pack: {packed.size} bytes at position {position} do not fit in outbuf's "
+                                   f"{target.size}")
+    target[position:position + packed.size] = packed
+    return position + packed.size
+
+
+def _check_datarep(datarep: str) -> None:
+    if datarep != "external32":
+        raise _error(ERR_UNSUPPORTED_DATAREP, f"data representation {datarep!r} is not offered: use 'external32'")
+
+
+def _real_code(p: int, r: int, kind: str) -> str:
+    for precision, exponent, size in ((6, 37, 4), (15, 307, 8)):
+        if int(p) <= precision and int(r) <= exponent:
+            return f"{kind}{size if kind == 'f' else 2 * size}"
+    raise _error(ERR_ARG, f"no real type has precision {p} and exponent range {r}")
+
