@@ -65,6 +65,11 @@ class Progress:
                 pass
         self._cv.notify_all()
 
+    def _took(self, events) -> bool:
+        """Whether ``events`` came from a link (not only the wake-up pipe, whose echo would wake the
+        pollers in turn for ever)."""
+        return any(fd != self._wake_r for fd, _ in events)
+
     def _spinning(self) -> bool:
         """Whether a waiting thread may spin: only while the load average is below the core count (else it
         would only delay the peer it waits for); looked at once a second."""
@@ -119,7 +124,7 @@ class Progress:
                         self._fail(Interrupted(f"rank {self.rank}/{self.size}: point-to-point progress was "
                                                f"interrupted by {type(exc).__name__}"))
                         raise
-                    if events and self._drivers > 1:
+                    if self._drivers > 1 and self._took(events):
                         self._wake()  # what this handled may be what another driver waits for
                     settled = self._settle()
                 self._resolve(settled)
@@ -156,7 +161,7 @@ class Progress:
             events = poller.poll(None if wait is None else wait * 1000.0)
             with self._cv:
                 self._handle(events, watched)
-                if events and self._drivers:
+                if self._drivers and self._took(events):
                     # a thread began to drive while this one polled, and may sleep in its own poll on the
                     # bytes this just took off the socket (the frame that finishes its operation)
                     self._wake()
