@@ -1,0 +1,105 @@
+"""Horovod's elastic mode under ``allreduce run -n 4 --min-np 2``: a worker SIGKILLs itself mid-epoch; the
+survivors restore the last commit, shrink, sync from the new rank 0 and finish in the same processes, with
+the parameters that a run from that commit on the survivors computes (replayed here in one process)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support.paths import SRC
+
+torch = pytest.importorskip("torch")
+
+EPOCHS, BATCHES, VICTIM, KILL_AT = 2, 6, 2, (0, 3)  # the victim dies in epoch 0, before batch 3's gradients
+
+COMMON = textwrap.dedent(f"""
+    import torch
+
+    def batch(step, rank):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(5 + rank, 3, generator=g, dtype=torch.float64)   # uneven batches: averaging is per worker
+        return x, x @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3
+
+    def fresh():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1).double()
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def loss_of(model, step, rank):
+        x, y = batch(step, rank)
+        return torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+""")
+
+SCRIPT = COMMON + textwrap.dedent(f"""
+    import os, signal
+    import allreduce.torch as hvd
+
+    hvd.init()
+    me = hvd.rank()
+    model, opt = fresh()
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    resets = []
+
+    @hvd.elastic.run
+    def train(state):
+        print(f"start size {{hvd.size()}} at {{state.epoch}} {{state.batch}}", flush=True)
+        for state.epoch in range(state.epoch, {EPOCHS}):
+            for state.batch in range(state.batch, {BATCHES}):
+                if me == {VICTIM} and (state.epoch, state.batch) == {KILL_AT}:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                opt.zero_grad()
+                loss_of(model, state.epoch * {BATCHES} + state.batch, hvd.rank()).backward()
+                opt.step()
+                state.batch += 1
+                state.commit()
+            state.batch = 0
+        return hvd.size()
+
+    state = hvd.elastic.TorchState(model, opt, epoch=0, batch=0)
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    size = train(state)
+    params = [float(v) for p in model.parameters() for v in p.detach().flatten()]
+    print(f"done size {{size}} resets {{resets}} params {{params!r}}", flush=True)
+""")
+
+
+def _replay(resumed_step: int, survivors: int) -> list[float]:
+    """The parameters of 4 workers training up to ``resumed_step``, then ``survivors`` workers to the end."""
+    scope: dict = {}
+    exec(COMMON, scope)
+    model, opt = scope["fresh"]()
+    for step in range(EPOCHS * BATCHES):
+        n = 4 if step < resumed_step else survivors
+        opt.zero_grad()
+        (sum(scope["loss_of"](model, step, r) for r in range(n)) / n).backward()
+        opt.step()
+    return [float(v) for p in model.parameters() for v in p.detach().flatten()]
+
+
+def test_survivors_restore_the_commit_and_finish_in_the_same_processes(tmp_path):
+    script = tmp_path / "elastic.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("ALLREDUCE_")}
+    done = subprocess.run([sys.executable, "-m", "allreduce", "run", "-n", "4", "--min-np", "2", "--",
+                           sys.executable, str(script)],
+                          env={**env, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert f"rank {VICTIM} was killed by SIGKILL" in done.stderr, out
+    restarts = re.findall(r"^\[0\] start size 3 at (\d+) (\d+)$", done.stdout, re.M)
+    assert len(restarts) == 1, out
+    epoch, batch = map(int, restarts[0])
+    resumed = epoch * BATCHES + batch
+    assert resumed == KILL_AT[0] * BATCHES + KILL_AT[1], out  # nobody can have finished the victim's step
+    finals = dict(re.findall(r"^\[(\d)\] done size 3 resets \[3\] params (\[.*\])$", done.stdout, re.M))
+    assert sorted(finals) == ["0", "1", "3"], out
+    expected = _replay(resumed, 3)
+    for rank, text in finals.items():
+        assert eval(text) == pytest.approx(expected, abs=1e-6), (rank, out)
+    assert _replay(resumed, 4) != pytest.approx(expected, abs=1e-6)  # the replay tells the runs apart
