@@ -1,6 +1,8 @@
 """Horovod's elastic mode under ``allreduce run -n 4 --min-np 2``: a worker SIGKILLs itself mid-epoch; the
 survivors restore the last commit, shrink, sync from the new rank 0 and finish in the same processes, with
-the parameters that a run from that commit on the survivors computes (replayed here in one process)."""
+the parameters that a run from that commit on the survivors computes (replayed here in one process).
+With ``--max-np 4`` the launcher starts a replacement, which the others let in at a commit and which ends
+with their parameters."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from support.paths import SRC
 torch = pytest.importorskip("torch")
 
 EPOCHS, BATCHES, VICTIM, KILL_AT = 2, 6, 2, (0, 3)  # the victim dies in epoch 0, before batch 3's gradients
+REGROWN_AT = (1, 0)  # with --max-np: the others wait there, committing, until the replacement is in
 
 COMMON = textwrap.dedent(f"""
     import torch
@@ -36,7 +39,7 @@ COMMON = textwrap.dedent(f"""
 """)
 
 SCRIPT = COMMON + textwrap.dedent(f"""
-    import os, signal
+    import os, signal, sys, time
     import allreduce.torch as hvd
 
     hvd.init()
@@ -52,6 +55,9 @@ SCRIPT = COMMON + textwrap.dedent(f"""
             for state.batch in range(state.batch, {BATCHES}):
                 if me == {VICTIM} and (state.epoch, state.batch) == {KILL_AT}:
                     os.kill(os.getpid(), signal.SIGKILL)
+                while "grow" in sys.argv and (state.epoch, state.batch) == {REGROWN_AT} and hvd.size() < 4:
+                    time.sleep(0.2)
+                    state.commit()  # raises HostsUpdatedInterrupt on every rank once the replacement waits
                 opt.zero_grad()
                 loss_of(model, state.epoch * {BATCHES} + state.batch, hvd.rank()).backward()
                 opt.step()
@@ -68,28 +74,33 @@ SCRIPT = COMMON + textwrap.dedent(f"""
 """)
 
 
-def _replay(resumed_step: int, survivors: int) -> list[float]:
-    """The parameters of 4 workers training up to ``resumed_step``, then ``survivors`` workers to the end."""
+def _replay(*sizes_from: tuple[int, int]) -> list[float]:
+    """The parameters of 4 workers training from step 0, then each (size, step) of ``sizes_from``: that
+    many workers from that step on."""
     scope: dict = {}
     exec(COMMON, scope)
     model, opt = scope["fresh"]()
     for step in range(EPOCHS * BATCHES):
-        n = 4 if step < resumed_step else survivors
+        n = [size for size, start in [(4, 0), *sizes_from] if start <= step][-1]
         opt.zero_grad()
         (sum(scope["loss_of"](model, step, r) for r in range(n)) / n).backward()
         opt.step()
     return [float(v) for p in model.parameters() for v in p.detach().flatten()]
 
 
-def test_survivors_restore_the_commit_and_finish_in_the_same_processes(tmp_path):
+def _run(tmp_path, *flags: str, script_args: tuple[str, ...] = ()):
     script = tmp_path / "elastic.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("ALLREDUCE_")}
-    done = subprocess.run([sys.executable, "-m", "allreduce", "run", "-n", "4", "--min-np", "2", "--",
-                           sys.executable, str(script)],
+    done = subprocess.run([sys.executable, "-m", "allreduce", "run", "-n", "4", "--min-np", "2", *flags, "--",
+                           sys.executable, str(script), *script_args],
                           env={**env, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=180)
-    out = done.stdout + done.stderr
+    return done, done.stdout + done.stderr
+
+
+def test_survivors_restore_the_commit_and_finish_in_the_same_processes(tmp_path):
+    done, out = _run(tmp_path)
     assert done.returncode == 0, out
     assert f"rank {VICTIM} was killed by SIGKILL" in done.stderr, out
     restarts = re.findall(r"^\[0\] start size 3 at (\d+) (\d+)$", done.stdout, re.M)
@@ -99,7 +110,24 @@ def test_survivors_restore_the_commit_and_finish_in_the_same_processes(tmp_path)
     assert resumed == KILL_AT[0] * BATCHES + KILL_AT[1], out  # nobody can have finished the victim's step
     finals = dict(re.findall(r"^\[(\d)\] done size 3 resets \[3\] params (\[.*\])$", done.stdout, re.M))
     assert sorted(finals) == ["0", "1", "3"], out
-    expected = _replay(resumed, 3)
+    expected = _replay((3, resumed))
     for rank, text in finals.items():
         assert eval(text) == pytest.approx(expected, abs=1e-6), (rank, out)
-    assert _replay(resumed, 4) != pytest.approx(expected, abs=1e-6)  # the replay tells the runs apart
+    assert _replay() != pytest.approx(expected, abs=1e-6)  # the replay tells the runs apart
+
+
+def test_a_replacement_joins_at_a_commit_and_ends_with_the_same_parameters(tmp_path):
+    done, out = _run(tmp_path, "--max-np", "4", script_args=("grow",))
+    assert done.returncode == 0, out
+    assert "started a replacement worker [4]" in done.stderr, out
+    starts = re.findall(r"^\[0\] start size (\d) at (\d+) (\d+)$", done.stdout, re.M)
+    sizes_from = [(int(size), int(epoch) * BATCHES + int(batch)) for size, epoch, batch in starts[1:]]
+    regrown = REGROWN_AT[0] * BATCHES + REGROWN_AT[1]
+    assert sizes_from[-1] == (4, regrown) and set(sizes_from[:-1]) <= {(3, KILL_AT[1])}, out
+    assert re.search(rf"^\[4\] start size 4 at {REGROWN_AT[0]} {REGROWN_AT[1]}$", done.stdout, re.M), out
+    finals = dict(re.findall(r"^\[(\d)\] done size 4 resets \[[34, ]*\] params (\[.*\])$", done.stdout, re.M))
+    assert sorted(finals) == ["0", "1", "3", "4"], out
+    expected = _replay(*sizes_from)
+    for rank, text in finals.items():
+        assert eval(text) == pytest.approx(expected, abs=1e-6), (rank, out)
+    assert _replay((3, KILL_AT[1])) != pytest.approx(expected, abs=1e-6)

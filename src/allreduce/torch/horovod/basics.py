@@ -56,7 +56,9 @@ def init(comm=None, process_sets=None) -> None:
     if is_initialized():
         return
     _State.formed = not api.is_initialized()
-    if _State.formed and rendezvous.from_environment().source == "none":  # started alone: one rank, as Horovod
+    if _State.formed and api.is_replacement():  # started to take a dead worker's place: wait to be let in
+        api.join_group()
+    elif _State.formed and rendezvous.from_environment().source == "none":  # started alone: one rank, as Horovod
         api.init_process_group(store=rendezvous.HashStore(), rank=0, world_size=1)
     elif _State.formed:
         api.init_process_group()

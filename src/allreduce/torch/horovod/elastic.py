@@ -66,7 +66,10 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise :class:`HostsUpdatedInterrupt` if the job's workers changed (none join a running job yet)."""
+        """Raise :class:`HostsUpdatedInterrupt` if replacement workers wait to join (``allreduce run
+        --max-np``): the ranks agree on it, so all raise it at the same commit."""
+        if api.joiners_waiting():
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         """Keep a copy of the state (in memory)."""
@@ -185,19 +188,22 @@ def run(func):
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()
-                skip_sync = False
+                skip_sync, failed = False, True
             except HostsUpdatedInterrupt as interrupt:
-                skip_sync = interrupt.skip_sync
-            reset()
+                skip_sync, failed = interrupt.skip_sync, False
+            reset(failed)
             state.on_reset()
     return wrapper
 
 
-def reset() -> None:
-    """Re-initialize hvd on the survivors: forget the old group's operations and process sets, shrink
-    the default group to the living ranks (agreed among them), and adopt it."""
+def reset(failed: bool) -> None:
+    """Re-initialize hvd: forget the old group's operations and process sets; after a failure shrink
+    the default group to the living ranks (agreed among them); let in the replacements that wait; adopt
+    the result."""
     basics.forget()
-    api.shrink_group()
+    if failed:
+        api.shrink_group()
+    api.grow_group()
     basics.adopt(api.default_group())
 
 
