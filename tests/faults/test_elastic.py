@@ -116,6 +116,7 @@ def test_survivors_restore_the_commit_and_finish_in_the_same_processes(tmp_path)
     assert _replay() != pytest.approx(expected, abs=1e-6)  # the replay tells the runs apart
 
 
+@pytest.mark.slow  # about 30 s on a busy 2-core machine; test_grow.py checks the launcher's replacements
 def test_a_replacement_joins_at_a_commit_and_ends_with_the_same_parameters(tmp_path):
     done, out = _run(tmp_path, "--max-np", "4", script_args=("grow",))
     assert done.returncode == 0, out
@@ -131,3 +132,24 @@ def test_a_replacement_joins_at_a_commit_and_ends_with_the_same_parameters(tmp_p
     for rank, text in finals.items():
         assert eval(text) == pytest.approx(expected, abs=1e-6), (rank, out)
     assert _replay((3, KILL_AT[1])) != pytest.approx(expected, abs=1e-6)
+
+
+def test_an_error_that_cost_no_rank_is_raised_after_the_restore():
+    from support.harness import run_ranks
+
+    def body(rank, size):
+        import allreduce.torch as hvd
+        hvd.init()
+        calls = []
+
+        @hvd.elastic.run
+        def train(state):
+            calls.append(state.value)
+            state.value = 99  # not committed: the restore takes it back
+            hvd.allreduce(torch.ones(rank + 1), name="shapes differ")  # a Mismatch on every rank
+        state = hvd.elastic.ObjectState(value=rank)
+        try:
+            train(state)
+        except hvd.HorovodInternalError as exc:
+            return type(exc).__name__, calls, state.value, hvd.size()
+    assert run_ranks(body, 2, deadline=60) == [("Mismatch", [0], 0, 2)] * 2

@@ -6,8 +6,10 @@ state back to its last :meth:`State.commit`, forms the group of the survivors
 (:func:`allreduce.shrink_group`, which they agree on over their lifelines), makes it the job of
 ``hvd.rank()``/``hvd.size()`` and of the global process set, copies the state from its rank 0
 (:meth:`State.sync`), runs the reset callbacks and calls the function again, in the same processes.
-:class:`HostsUpdatedInterrupt` (raised by ``commit`` when the job changed without a failure) does
-the same without going back to the commit.
+:class:`HostsUpdatedInterrupt`, which ``commit`` raises on every rank alike when replacement workers
+wait to join (``allreduce run --max-np``), does the same without going back to the commit, and the
+group it forms takes the replacements in (:func:`allreduce.grow_group`); a replacement's ``hvd.init``
+waits until then and gets the state by ``sync``.
 
 Other process sets do not survive a reset (register them again in a reset callback), and a
 ``DistributedOptimizer`` follows the new group when it is a :class:`TorchState`'s optimizer.
@@ -162,8 +164,10 @@ def run(func):
     """Decorate a training function ``func(state, ...)`` so that it survives the death of workers.
 
     The wrapper syncs ``state`` from rank 0 and calls ``func``; on :class:`HorovodInternalError` it
-    restores the last commit, resets onto the survivors and calls ``func`` again; on
-    :class:`HostsUpdatedInterrupt` it resets without restoring. It returns what ``func`` returns.
+    restores the last commit, resets onto the survivors and calls ``func`` again (an error that cost no
+    rank, such as a ``Mismatch``, is raised after the restore: it would only come again); on
+    :class:`HostsUpdatedInterrupt` it resets without restoring, letting the waiting replacements in. It
+    returns what ``func`` returns.
 
     Example (every rank, under ``allreduce run -n 4 --min-np 2 -- python train.py``)::
 
@@ -188,23 +192,28 @@ def run(func):
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()
-                skip_sync, failed = False, True
+                skip_sync = False
+                if not reset(shrink=True):  # nobody died (a mismatch, a timeout): it would only fail again
+                    raise
             except HostsUpdatedInterrupt as interrupt:
-                skip_sync, failed = interrupt.skip_sync, False
-            reset(failed)
+                skip_sync = interrupt.skip_sync
+                reset(shrink=False)
             state.on_reset()
     return wrapper
 
 
-def reset(failed: bool) -> None:
-    """Re-initialize hvd: forget the old group's operations and process sets; after a failure shrink
-    the default group to the living ranks (agreed among them); let in the replacements that wait; adopt
-    the result."""
+def reset(shrink: bool) -> bool:
+    """Re-initialize hvd: forget the old group's operations and process sets; with ``shrink``, form the
+    group of the living ranks (agreed among them); let in the replacements that wait; adopt the result.
+    Returns whether anyone was lost (the same answer on every rank)."""
     basics.forget()
-    if failed:
+    size = api.get_world_size()
+    if shrink:
         api.shrink_group()
+    lost = api.get_world_size() < size
     api.grow_group()
     basics.adopt(api.default_group())
+    return lost
 
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
