@@ -68,7 +68,10 @@ def grow(group: ProcessGroup, settings: Settings, shm_options: ShmOptions,
         hall.add("admitted", len(take))
         for i, number in enumerate(take):
             hall.set(f"admit/{number}", json.dumps({"name": name, "rank": group.size + i, "size": size}).encode())
-    return _form(hall, name, group.rank, size, group.timeout, settings, shm_options)
+    # a member that dies while the group forms is named at once (the joiners' deaths end the wait as
+    # their connections do, or at the timeout)
+    store = survival.Watched(hall.prefix(name), membership.survival.line, membership.ids)
+    return _form(store, name, group.rank, size, group.timeout, settings, shm_options)
 
 
 def waiting(group: ProcessGroup, hall: rendezvous.Store) -> int:
@@ -94,12 +97,13 @@ def join(settings: Settings, shm_options: ShmOptions, timeout: float) -> tuple[P
     number = int(hall.add("joiners", 1))
     hall.set(f"pid/{number}", str(os.getpid()).encode())  # for the launcher: which replacement got in
     admitted = json.loads(hall.get(f"admit/{number}", timeout))
-    return _form(hall, admitted["name"], admitted["rank"], admitted["size"], timeout, settings, shm_options)
+    return _form(hall.prefix(admitted["name"]), admitted["name"], admitted["rank"], admitted["size"], timeout,
+                 settings, shm_options)
 
 
-def _form(hall: rendezvous.Store, name: str, rank: int, size: int, timeout: float, settings: Settings,
+def _form(store: rendezvous.Store, name: str, rank: int, size: int, timeout: float, settings: Settings,
           shm_options: ShmOptions) -> tuple[ProcessGroup, Survival]:
-    grown = form_group(hall.prefix(name), rank, size, timeout, name, list(range(size)), settings, shm_options)
+    grown = form_group(store, rank, size, timeout, name, list(range(size)), settings, shm_options)
     try:
         return grown, survival.start(grown, settings)
     except BaseException:
