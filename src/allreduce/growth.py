@@ -68,10 +68,7 @@ def grow(group: ProcessGroup, settings: Settings, shm_options: ShmOptions,
         hall.add("admitted", len(take))
         for i, number in enumerate(take):
             hall.set(f"admit/{number}", json.dumps({"name": name, "rank": group.size + i, "size": size}).encode())
-    # a member that dies while the group forms is named at once (the joiners' deaths end the wait as
-    # their connections do, or at the timeout)
-    store = survival.Watched(hall.prefix(name), membership.survival.line, membership.ids)
-    return _form(store, name, group.rank, size, group.timeout, settings, shm_options)
+    return _form(hall.prefix(name), name, group.rank, size, group.timeout, settings, shm_options)
 
 
 def waiting(group: ProcessGroup, hall: rendezvous.Store) -> int:
