@@ -16,6 +16,10 @@ the launcher dies, so a launcher killed outright (SIGKILL, the OOM killer) takes
 A job is all or nothing: the first worker to fail stops the others, because its peers would only
 block until their own timeouts; unless ``--min-np M`` says the workers go on without it (they call
 ``allreduce.shrink_group``, see docs/fault-tolerance.md) while at least ``M`` of this node's live.
+With ``--max-np K`` as well, each death that leaves fewer than ``K`` alive starts a replacement worker
+(tagged by a launch number from the world size on) that waits in a lobby this launcher hosts until
+the others let it in (``allreduce.grow_group``; hvd.elastic at a commit); one never let in is stopped
+once the others have finished.
 The exit status is the failed worker's (``128 + signal`` when a signal killed it), ``128 + signal``
 when the launcher itself was stopped by one of the signals above (130 for SIGINT, 143 for SIGTERM),
 and 0 when every worker exited 0 (with ``--min-np``, every worker that went on).
