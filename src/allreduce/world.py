@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Union
 
-from . import logs, rendezvous, survival, topology
+from . import growth, logs, rendezvous, survival, topology
 from .arguments import Timeout, timeout_seconds
 from .bootstrap import form_group, leave, release
 from .runtime import ProcessGroup
@@ -44,6 +44,7 @@ class _State:
     groups: list[ProcessGroup] = []
     new_groups = 0
     survival: Survival | None = None  # the lifelines among the processes of the job
+    lobby: rendezvous.Store | None = None  # where replacements wait to join (allreduce run --max-np), once looked up
     settings = Settings()  # read from the environment by init_process_group
     shm_options = ShmOptions()
 
@@ -114,6 +115,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if _State.survival is not None:
         _State.survival.close()
         _State.survival = None
+    if _State.lobby is not None:
+        _State.lobby.close()
+        _State.lobby = None
 
 
 def is_initialized() -> bool:
@@ -364,6 +368,85 @@ def shrink_group(ranks_to_exclude: list[int] | None = None, group: Group = None,
     else:
         _State.groups.append(shrunk)
     return shrunk
+
+
+def grow_group() -> ProcessGroup:
+    """Let the replacement processes waiting to join the job in (see :func:`join_group`): the default
+    group becomes the group of its members, ranks kept, and the joiners, numbered after them (one
+    agreement among the members; a new group only when someone waits). Every member calls it at the
+    same point of its loop, e.g. every ``k`` steps; like :func:`shrink_group` on the default group, a new
+    group destroys every other one. A job started without a lobby (``allreduce run --max-np K``) has
+    nobody to let in, and the default group is returned as it is.
+
+    Example (every rank, under ``allreduce run -n 4 --min-np 2 --max-np 4``)::
+
+        if step % 10 == 0:
+            dist.grow_group()                     # a replacement of a dead rank joins here
+            step = dist.broadcast_object_list([step])[0]   # and learns where the others are
+
+    Raises:
+        PeerLost: a member died (shrink first). CommTimeout: a member or an admitted joiner did not
+        take part in time.
+    """
+    world = default_group()
+    if _State.lobby is None:
+        _State.lobby = growth.lobby(_State.settings, world.timeout)
+    if _State.lobby is None:
+        return world
+    grown = growth.grow(world, _State.settings, _State.shm_options, _State.lobby)
+    if grown is None:
+        return world
+    _adopt(*grown)
+    return grown[0]
+
+
+def joiners_waiting() -> int:
+    """How many replacement processes wait to join the default group, as its members agree (0 in a job
+    without a lobby). Every member calls it at the same point: an agreement, no collective."""
+    world = default_group()
+    if _State.lobby is None:
+        _State.lobby = growth.lobby(_State.settings, world.timeout)
+    return 0 if _State.lobby is None else growth.waiting(world, _State.lobby)
+
+
+def join_group(timeout: Timeout = None) -> ProcessGroup:
+    """Instead of :func:`init_process_group` in a replacement process (:func:`is_replacement`): wait in the
+    job's lobby until the members let it in at their next :func:`grow_group`, and make the grown group
+    the default. Its rank comes after the members'; the state of the work comes from them (e.g. by
+    ``broadcast_object_list``).
+
+    Raises:
+        RuntimeError: already initialized, or the job has no lobby. CommTimeout: not let in within
+        ``timeout`` (default: the default timeout).
+    """
+    if _State.world is not None:
+        raise RuntimeError("join_group: this process is in a group already; it is for replacement processes")
+    settings, shm_options = Settings.from_env(), ShmOptions.from_env()
+    logs.configure(settings.debug)
+    _State.settings, _State.shm_options = settings, shm_options
+    grown, lifelines = growth.join(settings, shm_options, timeout_seconds(timeout))
+    _adopt(grown, lifelines)
+    _State.lobby = growth.lobby(settings, grown.timeout)
+    return grown
+
+
+def is_replacement() -> bool:
+    """Whether ``allreduce run --max-np`` started this process to take a dead worker's place: it calls
+    :func:`join_group` rather than :func:`init_process_group`."""
+    return growth.is_replacement()
+
+
+def _adopt(world: ProcessGroup, lifelines: Survival) -> None:
+    """Make ``world`` (joined by ``lifelines``) the default group, closing the old one and its groups."""
+    old, old_lifelines = _State.world, _State.survival
+    if old is not None:
+        for g in [*_State.groups, old]:
+            g.close()
+        if old.store.base is not world.store.base:
+            old.store.close()
+    if old_lifelines is not None:
+        old_lifelines.close()
+    _State.world, _State.groups, _State.survival, _State.new_groups = world, [], lifelines, 0
 
 
 def _check_excluded(ranks: list[int], group: ProcessGroup) -> None:

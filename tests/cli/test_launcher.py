@@ -244,3 +244,11 @@ def test_worker_env_and_config_checks():
         LaunchConfig(nproc=0)
     with pytest.raises(ValueError, match="needs --master-addr"):
         LaunchConfig(nnodes=2, master_port=5)
+
+
+@pytest.mark.parametrize("flags", [dict(max_np=4), dict(min_np=2, max_np=5), dict(min_np=3, max_np=2),
+                                   dict(min_np=2, max_np=4, nnodes=2, master_addr="h", master_port=5)])
+def test_max_np_needs_min_np_one_node_and_room(flags):
+    with pytest.raises(ValueError, match="--max-np must come with --min-np"):
+        LaunchConfig(nproc=4, **flags)
+    assert LaunchConfig(nproc=4, min_np=2, max_np=4).max_np == 4

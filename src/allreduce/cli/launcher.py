@@ -16,6 +16,10 @@ the launcher dies, so a launcher killed outright (SIGKILL, the OOM killer) takes
 A job is all or nothing: the first worker to fail stops the others, because its peers would only
 block until their own timeouts; unless ``--min-np M`` says the workers go on without it (they call
 ``allreduce.shrink_group``, see docs/fault-tolerance.md) while at least ``M`` of this node's live.
+With ``--max-np K`` as well, each death that leaves fewer than ``K`` alive starts a replacement worker
+(tagged by a launch number from the world size on) that waits in a lobby this launcher hosts until
+the others let it in (``allreduce.grow_group``; hvd.elastic at a commit); one never let in is stopped
+once the others have finished.
 The exit status is the failed worker's (``128 + signal`` when a signal killed it), ``128 + signal``
 when the launcher itself was stopped by one of the signals above (130 for SIGINT, 143 for SIGTERM),
 and 0 when every worker exited 0 (with ``--min-np``, every worker that went on).
@@ -64,6 +68,7 @@ class LaunchConfig:
     tag_output: bool = True  # prefix each worker's output lines with "[rank] "
     grace_s: float = 3.0  # between SIGTERM and SIGKILL when stopping workers
     min_np: int | None = None  # the others go on after a failure while this many workers live (None: all or nothing)
+    max_np: int | None = None  # below this many live workers, replacements are started to join the others
 
     def __post_init__(self):
         if self.nproc < 1:
@@ -81,6 +86,10 @@ class LaunchConfig:
             )
         if self.min_np is not None and not 1 <= self.min_np <= self.nproc:
             raise ValueError(f"--min-np must be in 1..{self.nproc} (the workers of this node), got {self.min_np}")
+        if self.max_np is not None and (self.min_np is None or self.nnodes > 1
+                                        or not self.min_np <= self.max_np <= self.nproc):
+            raise ValueError(f"--max-np must come with --min-np, on a single node, in --min-np..{self.nproc} "
+                             f"(replacements take dead workers' places), got {self.max_np}")
         if self.grace_s < 0:
             raise ValueError(f"grace period must not be negative, got {self.grace_s}")
 
@@ -143,7 +152,10 @@ def launch(config: LaunchConfig, cmd: list[str], extra_env: dict[str, str] | Non
             try:
                 for local_rank in range(config.nproc):
                     env = worker_env(config, local_rank, master_addr, master_port, job_id)
-                    job.start(local_rank, cmd, {**QUIET, **os.environ, **(extra_env or {}), **env, **secret})
+                    env = {**QUIET, **os.environ, **(extra_env or {}), **env, **secret}
+                    if config.max_np is not None and job.lobby is None:
+                        job.open_lobby(cmd, env)
+                    job.start(local_rank, cmd, {**env, **(job.lobby.env if job.lobby else {})})
             except OSError as exc:
                 _say(f"cannot start {cmd[0]!r}: {exc.strerror or exc}")
                 job.stop(signal.SIGTERM)
@@ -151,6 +163,8 @@ def launch(config: LaunchConfig, cmd: list[str], extra_env: dict[str, str] | Non
             return job.wait()
         finally:
             job.reap()  # whatever happened, nothing of the job outlives the launcher
+            if job.lobby is not None:
+                job.lobby.close()
 
 
 def _job_secret(config: LaunchConfig) -> dict[str, str]:
@@ -177,6 +191,24 @@ class _Job:
         self.threads: list[threading.Thread] = []
         self.write_lock = threading.Lock()
         self.guard = _orphan_guard()
+        self.lobby = None  # with --max-np: where replacements wait (cli/lobby.py)
+        self.replacements: dict[int, subprocess.Popen] = {}  # by launch number, from world_size on
+        self.dismissed: set[int] = set()  # replacements stopped because the job ended before they joined
+        self._replacement_of: tuple[list[str], dict[str, str]] | None = None  # its command and environment
+
+    def open_lobby(self, cmd: list[str], env: dict[str, str]) -> None:
+        from .lobby import Lobby  # only a job that may grow needs the library's store
+        self.lobby = Lobby(env)
+        self._replacement_of = cmd, {**env, **self.lobby.env, "ALLREDUCE_REPLACEMENT": "1"}
+
+    def replace(self) -> None:
+        """Start a replacement worker (its output tagged by its launch number) that joins the others."""
+        number = self.config.world_size + len(self.replacements)
+        cmd, env = self._replacement_of
+        self.start(number - self.config.node_rank * self.config.nproc, cmd, env)
+        self.replacements[number] = self.procs[number]
+        _say(f"started a replacement worker [{number}]; it joins the others at their next grow "
+             f"(--max-np {self.config.max_np})")
 
     def start(self, local_rank: int, cmd: list[str], env: dict[str, str]) -> None:
         rank = self.config.node_rank * self.config.nproc + local_rank
@@ -203,15 +235,33 @@ class _Job:
                 return 128 + signum
             _, rank, code = event
             self.running -= 1
+            if rank in self.dismissed:
+                continue
             if code != 0 and self.config.min_np is not None and self.running >= self.config.min_np:
                 _say(f"rank {rank} {_describe(code)}; the other {self.running} worker(s) go on "
                      f"(--min-np {self.config.min_np})")
+                if self.lobby is not None and self.running < self.config.max_np \
+                        and len(self.replacements) < self.config.nproc:
+                    self.replace()
                 continue
+            if code == 0 and self.lobby is not None:
+                self._dismiss_outside()
             if code != 0:
                 _say(f"rank {rank} {_describe(code)}; stopping the other {self.running} worker(s)")
                 self.stop(signal.SIGTERM)
                 return 128 - code if code < 0 else code
         return 0
+
+    def _dismiss_outside(self) -> None:
+        """Once only replacements that were never let in still run, the job is done: stop them."""
+        running = {proc.pid for proc in self.procs.values() if proc.poll() is None}
+        waiting = {proc.pid for proc in self.replacements.values()} & running
+        if running and waiting == running and self.lobby.outside(waiting) == waiting:
+            _say(f"the others finished before {len(waiting)} replacement worker(s) could join; stopping them")
+            for number, proc in self.replacements.items():
+                if proc.pid in waiting:
+                    self.dismissed.add(number)
+                    _kill_group(proc, signal.SIGTERM)
 
     def stop(self, signum: int) -> None:
         """Send ``signum`` to every live worker; SIGKILL them after the grace period or a second signal."""
@@ -270,6 +320,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--min-np", metavar="M", type=int_at_least(1), default=env("ALLREDUCE_MIN_NP"),
                         help="after a worker fails, let the others go on while at least M live: they shrink "
                         "their groups and finish (env ALLREDUCE_MIN_NP; default: one failure stops the job)")
+    parser.add_argument("--max-np", metavar="K", type=int_at_least(1), default=env("ALLREDUCE_MAX_NP"),
+                        help="with --min-np: while fewer than K workers live, start replacements that join the "
+                        "others at their next grow_group (hvd.elastic: their next commit) (env ALLREDUCE_MAX_NP)")
     parser.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
                         help="prefix each output line with the worker's [rank]")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every worker runs")
@@ -292,6 +345,7 @@ def main(args: argparse.Namespace) -> int:
             master_port=args.master_port,
             tag_output=args.tag_output,
             min_np=args.min_np,
+            max_np=args.max_np,
         )
     except ValueError as exc:
         args.error(str(exc))

@@ -21,7 +21,12 @@ LAUNCH = (  # (variable, meaning): what `allreduce run` reads and what it sets f
     ("ALLREDUCE_NNODES", "nodes in the job for `allreduce run` (its `--nnodes`)"),
     ("ALLREDUCE_NODE_RANK", "this node's index for `allreduce run` (its `--node-rank`)"),
     ("ALLREDUCE_MIN_NP", "workers that go on after one fails, for `allreduce run` (its `--min-np`)"),
+    ("ALLREDUCE_MAX_NP", "live workers below which `allreduce run` starts replacements (its `--max-np`)"),
     ("ALLREDUCE_JOB_ID", "set by `allreduce run` for its workers: which job they belong to"),
+    ("ALLREDUCE_LOBBY", "set by `allreduce run --max-np` for its workers: host:port of the store where "
+                        "replacements wait to join"),
+    ("ALLREDUCE_REPLACEMENT", "set to 1 by `allreduce run --max-np` in a replacement worker, which joins the "
+                              "running job (`join_group`, `hvd.init`) instead of starting one"),
 )
 RENDEZVOUS = (  # (variable, meaning): the launcher environments env:// reads
     ("RANK", "this process's rank (set by `allreduce run`, torchrun)"),

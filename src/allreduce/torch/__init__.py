@@ -32,6 +32,7 @@ from .c10d.plugin import register_backend
 from .common.compression import Compression, Compressor, ErrorFeedback
 from .common.reduction import reduce_flat
 from .common.tensors import Staged
+from .horovod import elastic
 from .horovod.sync_batch_norm import SyncBatchNorm
 from . import mpi_ops
 from .mpi_ops import *  # noqa: F403 (Horovod's horovod.torch API: the names of mpi_ops.__all__)
@@ -45,5 +46,5 @@ register_backend()
 __all__ = [
     "Compression", "Compressor", "DistributedOptimizer", "DynamicLossScaler", "ErrorFeedback",
     "ProcessGroupAllreduce", "Staged", "SyncBatchNorm", "ZeroRedundancyOptimizer", "broadcast_optimizer_state",
-    "broadcast_parameters", "reduce_flat", "register_backend",
+    "broadcast_parameters", "elastic", "reduce_flat", "register_backend",
 ] + mpi_ops.__all__  # Horovod's horovod.torch API

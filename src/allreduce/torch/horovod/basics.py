@@ -56,13 +56,13 @@ def init(comm=None, process_sets=None) -> None:
     if is_initialized():
         return
     _State.formed = not api.is_initialized()
-    if _State.formed and rendezvous.from_environment().source == "none":  # started alone: one rank, as Horovod
+    if _State.formed and api.is_replacement():  # started to take a dead worker's place: wait to be let in
+        api.join_group()
+    elif _State.formed and rendezvous.from_environment().source == "none":  # started alone: one rank, as Horovod
         api.init_process_group(store=rendezvous.HashStore(), rank=0, world_size=1)
     elif _State.formed:
         api.init_process_group()
-    world = api.default_group()
-    registry.setup(world)
-    joining.enable(world)
+    adopt(api.default_group())
     atexit.unregister(shutdown)  # registered once, however often init() and shutdown() alternate
     atexit.register(shutdown)
     for process_set in [] if process_sets in (None, "dynamic") else process_sets:
@@ -73,14 +73,27 @@ def shutdown() -> None:
     """Forget handles and process sets, and leave the job if :func:`init` joined it."""
     if not is_initialized():
         return
-    handles.clear()
     timeline.close_timeline()
-    negotiation.clear()
-    joining.disable()
-    registry.teardown()
+    forget()
     if _State.formed and api.is_initialized():
         api.destroy_process_group()
     _State.formed = False
+
+
+def adopt(world) -> None:
+    """Make ``world`` the global process set's group and serve joins on it (``init``, and elastic mode's
+    reset on the group that the survivors form)."""
+    registry.setup(world)
+    joining.enable(world)
+
+
+def forget() -> None:
+    """Drop the handles, negotiations, joins and process sets of the current group (``shutdown``, and
+    elastic mode's reset before the survivors form a new one)."""
+    handles.clear()
+    negotiation.clear()
+    joining.disable()
+    registry.teardown()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -29,5 +29,8 @@ def twin(group: ProcessGroup, purpose: str) -> ProcessGroup:
     """
     _FORMED[group] = count = _FORMED.get(group, 0) + 1
     name = f"{group.name}.{purpose}{count}"
-    return bootstrap.form_group(group.store.prefix(name), group.rank, group.size, group.timeout, name, group.ranks,
-                                group.settings, group.shm_options)
+    formed = bootstrap.form_group(group.store.prefix(name), group.rank, group.size, group.timeout, name, group.ranks,
+                                  group.settings, group.shm_options)
+    if group.membership is not None:  # its members' deaths break it as they break the group's
+        group.membership.survival.enroll(formed, group.membership.ids)
+    return formed

@@ -18,6 +18,7 @@ import threading
 import torch
 
 from ... import api
+from ...errors import AllreduceError
 
 from ..c10d.groups import resolve
 from ..common.compression import Compressor
@@ -141,6 +142,23 @@ class WrappedOptimizer(torch.optim.Optimizer):
             if self._group is not None:
                 self._comm.submit(self._group.close).result()
             self._comm.shutdown(wait=True)
+
+    def regroup(self) -> None:
+        """Reduce over the default group as it is now (Horovod's elastic reset formed a new one): the
+        old gradient group is closed and its failed reductions dropped, a new one formed (every rank
+        of the new default group calls it). For an optimizer built on the default group."""
+        joining.close_channel(self._channel)
+        with self._lock:
+            self._in_flight = []
+        if self._group is not None:
+            try:
+                self._comm.submit(self._group.close).result()
+            except (AllreduceError, OSError):  # its peers died: nothing left to close cleanly
+                pass
+        parent = _parent_group(None, None)
+        self._group = self._comm.submit(twin, parent, "grads").result() if parent is not None else None
+        self._channel = joining.open_channel(self._group, self._comm.submit) if self._group is not None else None
+        self._arrange(self._named)
 
     def __repr__(self) -> str:
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, compression={self.compression!r}, "
