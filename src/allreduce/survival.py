@@ -19,6 +19,7 @@ from . import rendezvous
 from .bootstrap import bind_host, form_group
 from .errors import AllreduceError, PeerLost, RendezvousError, with_peer
 from .rendezvous import Store
+from .rendezvous.store import View
 from .rendezvous import storewire as wire
 from .runtime import ProcessGroup
 from .runtime.lifeline import Lifeline
@@ -112,21 +113,14 @@ def _attempt(group: ProcessGroup, membership, exclude: list[int] | None, among: 
     return shrunk
 
 
-class Watched(Store):
+class Watched(View):
     """A view of a shrunk group's store whose waits end, with :class:`PeerLost` naming the member, once the
     lifeline of one of its members (``ids``, in group order) has: a member that dies while the group
     forms is named at once, where a plain wait for its keys would last the whole timeout."""
 
     def __init__(self, store: Store, line: Lifeline, ids: list[int]):
-        super().__init__(store.timeout)
-        self._store, self._line, self._ids = store, line, ids
-
-    def __repr__(self) -> str:
-        return repr(self._store)
-
-    @property
-    def base(self) -> Store:
-        return self._store.base
+        super().__init__(store, store.timeout)
+        self._line, self._ids = line, ids
 
     def execute(self, request: wire.Request) -> wire.Response:
         return self._watched(request, None)

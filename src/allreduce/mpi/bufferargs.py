@@ -86,17 +86,23 @@ def simple(spec, what: str, writable: bool) -> np.ndarray:
     """
     if spec is None or spec is BOTTOM:
         return np.empty(0, np.uint8)
+    elements, per, count, displ, available = _located(spec, what, writable)
+    count = available - displ if count is None else int(count)
+    if displ < 0 or count < 0 or displ + count > available:
+        raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
+    return elements[displ * per:(displ + count) * per]
+
+
+def _located(spec, what: str, writable: bool) -> tuple[np.ndarray, int, int | None, int, int]:
+    """A buffer argument's elements (flat, basic dtype), the elements per item of its datatype, its
+    count (``None``: not given), its displacement and how many items the data holds."""
     data, count, datatype = _parts(spec, what)
     displ = 0
     if isinstance(count, (tuple, list)):
         count, displ = count
     displ = 0 if displ is None else int(displ)
     elements, per = _elements(data, datatype, what, writable)
-    available = elements.size // max(per, 1)
-    count = available - displ if count is None else int(count)
-    if displ < 0 or count < 0 or displ + count > available:
-        raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
-    return elements[displ * per:(displ + count) * per]
+    return elements, per, count, displ, elements.size // max(per, 1)
 
 
 def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
@@ -109,13 +115,7 @@ def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
     """
     if spec is None or spec is BOTTOM:
         return np.empty(0, np.uint8)
-    data, count, datatype = _parts(spec, what)
-    displ = 0
-    if isinstance(count, (tuple, list)):
-        count, displ = count
-    displ = 0 if displ is None else int(displ)
-    elements, per = _elements(data, datatype, what, writable)
-    available = elements.size // max(per, 1)
+    elements, per, count, displ, available = _located(spec, what, writable)
     if count is None:
         if (available - displ) % size:
             raise ValueError(f"{what}: {available - displ} elements do not split into {size} equal blocks")

@@ -260,15 +260,13 @@ class PrefixStore(Store):
 _ANSWER_S = 0.1  # at most this much of a bounded view's time is kept for the store's answer
 
 
-class _Within(Store):
-    """A view of ``store`` whose requests end ``seconds`` from its making (see :meth:`Store.within`);
-    its default wait is what is left, and a request made later fails at once. Closing the view
-    leaves ``store`` open."""
+class View(Store):
+    """``store`` seen through rules of a subclass's own (when requests end, what ends them); closing
+    the view leaves ``store`` open."""
 
-    def __init__(self, store: Store, seconds: float):
-        super().__init__(seconds)
+    def __init__(self, store: Store, timeout: float):
+        super().__init__(timeout)
         self._store = store
-        self._due = time.monotonic() + seconds
 
     def __repr__(self) -> str:
         return repr(self._store)
@@ -276,6 +274,15 @@ class _Within(Store):
     @property
     def base(self) -> Store:
         return self._store.base
+
+
+class _Within(View):
+    """A view of ``store`` whose requests end ``seconds`` from its making (see :meth:`Store.within`);
+    its default wait is what is left, and a request made later fails at once."""
+
+    def __init__(self, store: Store, seconds: float):
+        super().__init__(store, seconds)
+        self._due = time.monotonic() + seconds
 
     def execute(self, request: wire.Request) -> wire.Response:
         return self.execute_by(request, self._due)
