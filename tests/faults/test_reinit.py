@@ -19,7 +19,7 @@ def _cycles(barrier: bool):
     def body(rank, size):
         sums = []
         for cycle in range(CYCLES):
-            dist.init_process_group(init_method="env://", rank=rank, world_size=size, timeout=10)
+            dist.init_process_group(init_method="env://", rank=rank, world_size=size, timeout=30)
             x = np.full(4, rank + cycle, np.float32)
             dist.all_reduce(x)
             if barrier:

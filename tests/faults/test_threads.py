@@ -19,7 +19,7 @@ import allreduce as dist
 
 pytestmark = engines.BOTH  # the lines run in Python and in C
 
-CALLS = 500  # enough to outlast the interpreter's thread switch (5 ms): small calls take ~15 us and need not sleep
+CALLS = 5000  # enough to outlast the interpreter's thread switch (5 ms) many times over: small calls take a few us
 
 
 def _two_threads(rank, size):
