@@ -78,8 +78,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
     seconds = timeout_seconds(timeout)
-    settings, shm_options = Settings.from_env(), ShmOptions.from_env()  # the environment, read once
-    logs.configure(settings.debug)
+    settings, shm_options = _environment()
     if store is None:
         joining = rendezvous.Joining(rendezvous.from_environment(), Security.of(settings))
         store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
@@ -409,6 +408,14 @@ def joiners_waiting() -> int:
     return 0 if _State.lobby is None else growth.waiting(world, _State.lobby)
 
 
+def _environment() -> tuple[Settings, ShmOptions]:
+    """The job's settings, read from the environment once at a process's entry (init or join), and the
+    logging they ask for."""
+    settings, shm_options = Settings.from_env(), ShmOptions.from_env()
+    logs.configure(settings.debug)
+    return settings, shm_options
+
+
 def join_group(timeout: Timeout = None) -> ProcessGroup:
     """Instead of :func:`init_process_group` in a replacement process (:func:`is_replacement`): wait in the
     job's lobby until the members let it in at their next :func:`grow_group`, and make the grown group
@@ -421,8 +428,7 @@ def join_group(timeout: Timeout = None) -> ProcessGroup:
     """
     if _State.world is not None:
         raise RuntimeError("join_group: this process is in a group already; it is for replacement processes")
-    settings, shm_options = Settings.from_env(), ShmOptions.from_env()
-    logs.configure(settings.debug)
+    settings, shm_options = _environment()
     _State.settings, _State.shm_options = settings, shm_options
     grown, lifelines = growth.join(settings, shm_options, timeout_seconds(timeout))
     _adopt(grown, lifelines)
