@@ -5,6 +5,7 @@ schedules) and a dead peer. (A timeout on the lines, with its stall report, is i
 
 from __future__ import annotations
 
+import array
 import os
 import signal
 import time
@@ -72,6 +73,44 @@ def _every_shape(rank, size):
                                   pytest.param(8, marks=pytest.mark.slow)])
 def test_every_collective_dtype_op_and_count_on_the_lines(size):
     assert run_ranks(_every_shape, size, timeout=60, deadline=240, env=SHM) == [[]] * size
+
+
+def _at_odd_address(dtype: np.dtype, values: np.ndarray) -> np.ndarray:
+    """``values`` copied into an array one byte past an aligned start: its items are not aligned."""
+    raw = np.zeros(values.size * dtype.itemsize + 1, np.uint8)
+    x = raw[1:].view(dtype)
+    x[...] = values
+    return x
+
+
+def _misaligned(rank, size):
+    """Every collective on buffers whose items sit at odd addresses, and on empty buffers whose memory
+    is at an odd address (an empty ``array.array``'s): the results land in the caller's own memory."""
+    failures = []
+    empty = np.frombuffer(array.array("d"), np.float64)
+    for name, call in (("all_reduce", lambda x: dist.all_reduce(x)), ("broadcast", lambda x: dist.broadcast(x, 0)),
+                       ("reduce", lambda x: dist.reduce(x, 0))):
+        call(empty)
+        for dtype in map(np.dtype, ("float32", "float64", "int16", "complex128")):
+            for count in (1, 7, 1000, 100_003):
+                x = _at_odd_address(dtype, make_input(dtype, count, rank))
+                call(x)
+                inputs = [make_input(dtype, count, r) for r in range(size)]
+                want = {"broadcast": inputs[0], "all_reduce": reduced(ReduceOp.SUM, inputs),
+                        "reduce": reduced(ReduceOp.SUM, inputs) if rank == 0 else inputs[rank]}[name]
+                if not same(x, want):
+                    failures.append(f"{name} {dtype} count={count}")
+    for count in (0, 5, 1000):
+        outs = [_at_odd_address(np.dtype(np.float32), np.zeros(count, np.float32)) for _ in range(size)]
+        dist.all_gather(outs, _at_odd_address(np.dtype(np.float32), make_input(np.float32, count, rank)))
+        if not all(same(o, make_input(np.float32, count, r)) for r, o in enumerate(outs)):
+            failures.append(f"all_gather count={count}")
+    return failures
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_buffers_at_odd_addresses(transport):
+    assert run_ranks(_misaligned, 3, timeout=60, env={"ALLREDUCE_TRANSPORT": transport}) == [[]] * 3
 
 
 def _left_fold_bits(rank, size):

@@ -52,11 +52,27 @@ class NativePlan:
         python.numbered += self.numbers
         data, out = buffers.get("data"), buffers.get("out")
         try:
-            state = self.native.run(number, seq, data, out, float(timeout), self.slice)
+            try:
+                state = self.native.run(number, seq, data, out, float(timeout), self.slice)
+            except self.engine.module.Misaligned:  # refused before anything was posted
+                self._run_aligned(number, seq, data, out, timeout, idle, idle_every)
+                return
             if state:
                 self._settle(state, data, out, idle, idle_every)
         except BaseException as exc:
             raise reworded(exc, self._where % seq, timeout) from exc
+
+    def _run_aligned(self, number: int, seq: int, data, out, timeout: float, idle, idle_every: float) -> None:
+        """The run on aligned copies of buffers whose items are not aligned (a numpy view at an odd
+        offset, say: the kernels take typed pointers), copied back into those the call may write."""
+        buffers = (data, out)
+        copies = [None if b is None else b.copy() for b in buffers]
+        state = self.native.run(number, seq, copies[0], copies[1], float(timeout), self.slice)
+        if state:
+            self._settle(state, copies[0], copies[1], idle, idle_every)
+        for given, copy in zip(buffers, copies):
+            if given is not None and given.flags.writeable:
+                given[...] = copy
 
     def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
         """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each

@@ -389,6 +389,8 @@ static int step_chunked(Plan *p, char *data, double until)
     return DONE;
 }
 
+static PyObject *Misaligned;  /* the exception for a buffer whose items are not aligned (a ValueError) */
+
 /* Take `obj`'s buffer as `nbytes` bytes, aligned to the plan's items (writable if asked); None is no buffer. */
 static int take(PyObject *obj, Py_buffer *view, Py_ssize_t nbytes, int writable, Py_ssize_t item, const char *what)
 {
@@ -402,14 +404,17 @@ static int take(PyObject *obj, Py_buffer *view, Py_ssize_t nbytes, int writable,
     }
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    if (view->len != nbytes || (item > 1 && (uintptr_t)view->buf % (uintptr_t)item)) {
-        PyErr_Format(PyExc_ValueError, "lines: the %s buffer holds %zd bytes, the call %zd (aligned)", what,
-                     view->len, nbytes);
-        PyBuffer_Release(view);
-        view->obj = NULL;
-        return -1;
+    if (view->len != nbytes) {
+        PyErr_Format(PyExc_ValueError, "lines: the %s buffer holds %zd bytes, the call %zd", what, view->len, nbytes);
+    } else if (nbytes > 0 && item > 1 && (uintptr_t)view->buf % (uintptr_t)item) {
+        /* the kernels take typed pointers: the caller stages such a buffer through an aligned copy */
+        PyErr_Format(Misaligned, "lines: the %s buffer is not aligned to its %zd-byte items", what, item);
+    } else {
+        return 0;
     }
-    return 0;
+    PyBuffer_Release(view);
+    view->obj = NULL;
+    return -1;
 }
 
 static void give_back(Py_buffer *view)
@@ -620,7 +625,10 @@ PyMODINIT_FUNC PyInit__lines(void)
                                     "all_gather", ALL_GATHER, "barrier", BARRIER);
     Py_INCREF(&LinesType);
     Py_INCREF(&PlanType);
-    if (layout == NULL || kinds == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0
+    Misaligned = PyErr_NewException("allreduce.native._lines.Misaligned", PyExc_ValueError, NULL);
+    Py_XINCREF(Misaligned);
+    if (layout == NULL || kinds == NULL || Misaligned == NULL || PyModule_AddObject(m, "Misaligned", Misaligned) < 0
+        || PyModule_AddObject(m, "LAYOUT", layout) < 0
         || PyModule_AddObject(m, "KINDS", kinds) < 0 || PyModule_AddObject(m, "Lines", (PyObject *)&LinesType) < 0
         || PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 || PyModule_AddIntConstant(m, "DONE", DONE) < 0
         || PyModule_AddIntConstant(m, "WAITING", WAITING) < 0 || PyModule_AddIntConstant(m, "MISMATCH", MISMATCH) < 0
