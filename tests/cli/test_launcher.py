@@ -240,6 +240,9 @@ def test_worker_env_and_config_checks():
     config = LaunchConfig(nproc=4, nnodes=3, node_rank=2, master_addr="h", master_port=5)
     env = worker_env(config, 1, "h", 5, "ab")
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["GROUP_RANK"]) == ("9", "12", "1", "2")
+    horovod = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+               "HOROVOD_CROSS_SIZE")
+    assert [env[name] for name in horovod] == ["9", "12", "1", "4", "2", "3"]
     with pytest.raises(ValueError, match="at least 1"):
         LaunchConfig(nproc=0)
     with pytest.raises(ValueError, match="needs --master-addr"):

@@ -5,7 +5,9 @@ environment, so a scheduler can set a whole job up without touching the command 
 
 Each worker is an ordinary process with the rendezvous environment set (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``ALLREDUCE_JOB_ID``), which ``init_process_group()`` reads, and stdin from /dev/null. Unless the user
+``ALLREDUCE_JOB_ID``), which ``init_process_group()`` reads, horovodrun's (``HOROVOD_RANK``,
+``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``, ``HOROVOD_CROSS_RANK``,
+``HOROVOD_CROSS_SIZE``) for scripts written for Horovod, and stdin from /dev/null. Unless the user
 set ``ALLREDUCE_SECRET``, a single-node job gets a fresh random one, with which every connection of the
 job authenticates (:mod:`allreduce.auth`); the nodes of a multi-node job must share one the user sets.
 Workers start in their own session, so a Ctrl-C in the terminal reaches only the launcher, which
@@ -107,18 +109,19 @@ def free_port() -> int:
 
 def worker_env(config: LaunchConfig, local_rank: int, master_addr: str, master_port: int,
                job_id: str) -> dict[str, str]:
-    """The variables that tell worker ``local_rank`` of this node who it is and where to meet the others."""
-    return {
+    """The variables that tell worker ``local_rank`` of this node who it is and where to meet the others:
+    torchrun's, and horovodrun's (``HOROVOD_RANK`` ...), which scripts written for Horovod read."""
+    place = {
         "RANK": str(config.node_rank * config.nproc + local_rank),
         "WORLD_SIZE": str(config.world_size),
         "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(config.nproc),
         "GROUP_RANK": str(config.node_rank),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-        "ALLREDUCE_JOB_ID": job_id,
-        "PYTHONUNBUFFERED": "1",
     }
+    horovod = dict(zip(("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                        "HOROVOD_CROSS_RANK"), place.values()))
+    return {**place, **horovod, "HOROVOD_CROSS_SIZE": str(config.nnodes), "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port), "ALLREDUCE_JOB_ID": job_id, "PYTHONUNBUFFERED": "1"}
 
 
 def launch(config: LaunchConfig, cmd: list[str], extra_env: dict[str, str] | None = None) -> int:
