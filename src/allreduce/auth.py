@@ -176,10 +176,10 @@ def client_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: 
         ProtocolError: what came first was not a challenge.
         OSError: the connection failed, or the deadline passed (``TimeoutError``).
     """
-    server_nonce = read_challenge(_recv_exactly(sock, CHALLENGE_SIZE, deadline))
+    server_nonce = read_challenge(recv_exactly(sock, CHALLENGE_SIZE, deadline))
     client_nonce, response = respond(key, context, server_nonce)
     sock.sendall(response)
-    proof = _recv_exactly(sock, PROOF_SIZE, deadline)
+    proof = recv_exactly(sock, PROOF_SIZE, deadline)
     if proof == REFUSAL:
         raise AuthError("the server refused our proof: it has another secret (set the same "
                         "ALLREDUCE_SECRET on every rank)")
@@ -198,7 +198,7 @@ def server_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: 
     responder = Responder(key, context)
     sock.settimeout(max(deadline - time.monotonic(), 0.001))
     sock.sendall(responder.greeting)
-    reply, _ = responder.feed(_recv_exactly(sock, RESPONSE_SIZE, deadline))
+    reply, _ = responder.feed(recv_exactly(sock, RESPONSE_SIZE, deadline))
     stranger = responder.passed and not admits(sock)
     sock.sendall(STRANGER if stranger else reply)
     if not responder.passed:
@@ -207,15 +207,16 @@ def server_handshake(sock: socket.socket, key: bytes, context: bytes, deadline: 
         raise AuthError("the client is another user's process")
 
 
-def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
+def recv_exactly(sock: socket.socket, size: int, deadline: float, what: str = "the handshake") -> bytes:
+    """``size`` bytes from ``sock`` by ``deadline`` (``time.monotonic``); ``what`` they are, for the errors."""
     data = bytearray()
     while len(data) < size:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"handshake not done by its deadline ({len(data)} of {size} bytes in)")
+            raise TimeoutError(f"{what} not done by its deadline ({len(data)} of {size} bytes in)")
         sock.settimeout(left)
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise ConnectionError(f"connection closed during the handshake ({len(data)} of {size} bytes in)")
+            raise ConnectionError(f"connection closed during {what} ({len(data)} of {size} bytes in)")
         data += chunk
     return bytes(data)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support import engines
 from support.harness import run_ranks
-from support.reference import left_fold_misses, make_input, reduced, same
+from support.reference import left_fold_misses, reduction_misses
 
 import allreduce as dist
 from allreduce.dtypes import SUPPORTED
@@ -37,16 +37,7 @@ def _every_dtype_and_op(rank, size):
     for dtype in map(np.dtype, SUPPORTED):
         for op in sorted(allowed_ops(dtype)):
             for count in counts(dtype, size):
-                inputs = [make_input(dtype, count, r, op) for r in range(size)]
-                x = inputs[rank].copy()
-                dist.all_reduce(x, op=op)
-                if not same(x, reduced(op, inputs)):
-                    failures.append(f"all_reduce {dtype} {op.name} count={count}")
-                root = count % size
-                y = inputs[rank].copy()
-                dist.reduce(y, dst=root, op=op)
-                if not same(y, reduced(op, inputs) if rank == root else inputs[rank]):
-                    failures.append(f"reduce {dtype} {op.name} count={count} root={root}")
+                failures += reduction_misses(rank, size, dtype, op, count)
     float64 = np.dtype(np.float64)
     chosen = {dist.default_group().algorithm_for("all_reduce", None, count * 8, float64) for count in counts(float64, size)}
     if "chunked_lines" not in chosen:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support import engines
 from support.harness import run_ranks
-from support.reference import left_fold_misses, make_input, reduced, same
+from support.reference import all_gather_misses, left_fold_misses, make_input, reduced, same
 
 import allreduce as dist
 from allreduce.dtypes import SUPPORTED
@@ -61,10 +61,7 @@ def _every_shape(rank, size):
                 make_input(dtype, count, rank, op)
             if not same(x, want):
                 failures.append(f"reduce {dtype} count={count}")
-            outs = [np.empty(count, dtype) for _ in range(size)]
-            dist.all_gather(outs, make_input(dtype, count, rank))
-            if not all(same(o, make_input(dtype, count, r)) for r, o in enumerate(outs)):
-                failures.append(f"all_gather {dtype} count={count}")
+            failures += all_gather_misses(rank, size, dtype, count)
             dist.barrier()
     return failures
 
@@ -75,10 +72,10 @@ def test_every_collective_dtype_op_and_count_on_the_lines(size):
     assert run_ranks(_every_shape, size, timeout=60, deadline=240, env=SHM) == [[]] * size
 
 
-def _at_odd_address(dtype: np.dtype, values: np.ndarray) -> np.ndarray:
+def _at_odd_address(values: np.ndarray) -> np.ndarray:
     """``values`` copied into an array one byte past an aligned start: its items are not aligned."""
-    raw = np.zeros(values.size * dtype.itemsize + 1, np.uint8)
-    x = raw[1:].view(dtype)
+    raw = np.zeros(values.nbytes + 1, np.uint8)
+    x = raw[1:].view(values.dtype)
     x[...] = values
     return x
 
@@ -93,7 +90,7 @@ def _misaligned(rank, size):
         call(empty)
         for dtype in map(np.dtype, ("float32", "float64", "int16", "complex128")):
             for count in (1, 7, 1000, 100_003):
-                x = _at_odd_address(dtype, make_input(dtype, count, rank))
+                x = _at_odd_address(make_input(dtype, count, rank))
                 call(x)
                 inputs = [make_input(dtype, count, r) for r in range(size)]
                 want = {"broadcast": inputs[0], "all_reduce": reduced(ReduceOp.SUM, inputs),
@@ -101,10 +98,7 @@ def _misaligned(rank, size):
                 if not same(x, want):
                     failures.append(f"{name} {dtype} count={count}")
     for count in (0, 5, 1000):
-        outs = [_at_odd_address(np.dtype(np.float32), np.zeros(count, np.float32)) for _ in range(size)]
-        dist.all_gather(outs, _at_odd_address(np.dtype(np.float32), make_input(np.float32, count, rank)))
-        if not all(same(o, make_input(np.float32, count, r)) for r, o in enumerate(outs)):
-            failures.append(f"all_gather count={count}")
+        failures += all_gather_misses(rank, size, np.dtype(np.float32), count, _at_odd_address)
     return failures
 
 

@@ -188,13 +188,7 @@ def _drain(sock: socket.socket) -> bytes:
 
 
 def _challenge(sock: socket.socket) -> bytes:
-    data = b""
-    while len(data) < auth.CHALLENGE_SIZE:
-        chunk = sock.recv(auth.CHALLENGE_SIZE - len(data))
-        if not chunk:
-            raise ConnectionError("closed before the challenge")
-        data += chunk
-    return auth.read_challenge(data)
+    return auth.read_challenge(auth.recv_exactly(sock, auth.CHALLENGE_SIZE, time.monotonic() + 30, "the challenge"))
 
 
 JUNK = ("random bytes", "request without handshake", "huge length without handshake", "wrong secret",

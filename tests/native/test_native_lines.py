@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 from support.harness import free_port, run_ranks
-from support.reference import make_input, reduced, same
+from support.reference import all_gather_misses, make_input, reduction_misses, same
 
 import allreduce as dist
 from allreduce import native
@@ -43,25 +43,13 @@ def _mixed(rank: int, size: int) -> list[str]:
                       (np.complex64, ReduceOp.PRODUCT), (np.float64, ReduceOp.AVG), (np.bool_, ReduceOp.MIN)]:
         dtype = np.dtype(dtype)
         for count in (0, 1, size - 1, 7, 61, 1031, 70_001):
-            inputs = [make_input(dtype, count, r, op) for r in range(size)]
-            x = inputs[rank].copy()
-            dist.all_reduce(x, op=op)
-            if not same(x, reduced(op, inputs)):
-                wrong.append(f"all_reduce {dtype} {op.name} {count}")
-            root = count % size
-            x = inputs[rank].copy()
-            dist.reduce(x, dst=root, op=op)
-            if not same(x, reduced(op, inputs) if rank == root else inputs[rank]):
-                wrong.append(f"reduce {dtype} {op.name} {count}")
+            wrong += reduction_misses(rank, size, dtype, op, count)
         for count in (0, 3, 1000):
             x = make_input(dtype, count, rank)
             dist.broadcast(x, src=count % size)
             if not same(x, make_input(dtype, count, count % size)):
                 wrong.append(f"broadcast {dtype} {count}")
-            outs = [np.empty(count, dtype) for _ in range(size)]
-            dist.all_gather(outs, make_input(dtype, count, rank))
-            if not all(same(o, make_input(dtype, count, r)) for r, o in enumerate(outs)):
-                wrong.append(f"all_gather {dtype} {count}")
+            wrong += all_gather_misses(rank, size, dtype, count)
     dist.barrier()
     dist.destroy_process_group()
     return wrong

@@ -74,3 +74,34 @@ def left_fold_misses(all_reduce, rank: int, size: int, count: int) -> list[str]:
             if x.tobytes() != want.tobytes():
                 wrong.append(f"{np.dtype(dtype)} {op.name}")
     return wrong
+
+
+def reduction_misses(rank: int, size: int, dtype: np.dtype, op: ReduceOp, count: int) -> list[str]:
+    """An all-reduce and a reduce (to rank ``count % size``) of ``count`` inputs through the default
+    group, against numpy: a line for each that came out wrong."""
+    import allreduce as dist
+
+    inputs = [make_input(dtype, count, r, op) for r in range(size)]
+    misses = []
+    x = inputs[rank].copy()
+    dist.all_reduce(x, op=op)
+    if not same(x, reduced(op, inputs)):
+        misses.append(f"all_reduce {dtype} {op.name} count={count}")
+    root = count % size
+    x = inputs[rank].copy()
+    dist.reduce(x, dst=root, op=op)
+    if not same(x, reduced(op, inputs) if rank == root else inputs[rank]):
+        misses.append(f"reduce {dtype} {op.name} count={count} root={root}")
+    return misses
+
+
+def all_gather_misses(rank: int, size: int, dtype: np.dtype, count: int, placed=np.array) -> list[str]:
+    """An all-gather of ``count`` inputs through the default group into arrays that ``placed`` makes
+    from their initial values (anywhere in memory it likes), against numpy: a line if it came out wrong."""
+    import allreduce as dist
+
+    outs = [placed(np.zeros(count, dtype)) for _ in range(size)]
+    dist.all_gather(outs, placed(make_input(dtype, count, rank)))
+    if all(same(o, make_input(dtype, count, r)) for r, o in enumerate(outs)):
+        return []
+    return [f"all_gather {dtype} count={count}"]

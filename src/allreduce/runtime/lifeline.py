@@ -215,14 +215,7 @@ def _answer(listener: socket.socket, security: Security, deadline: float, me: in
         raise RendezvousError(f"id {me}: a lower id did not dial its lifeline in time") from exc
     try:
         auth.server_handshake(sock, security.key, CONTEXT, deadline, security.admits)
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        got = b""
-        while len(got) < _LENGTH.size:
-            chunk = sock.recv(_LENGTH.size - len(got))
-            if not chunk:
-                raise ConnectionError("closed before saying who it is")
-            got += chunk
-        peer = _LENGTH.unpack(got)[0]
+        peer = _LENGTH.unpack(auth.recv_exactly(sock, _LENGTH.size, deadline, "saying who it is"))[0]
     except (OSError, auth.AuthError) as exc:
         sock.close()
         _log.warning("lifeline: refused a connection: %s", exc)
