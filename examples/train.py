@@ -10,6 +10,7 @@ the samples per second of the whole job after each epoch.
     --compression fp16      gradients travel as float16 (summed in float32)
     --ddp gloo              torch DistributedDataParallel on torch's Gloo backend instead
     --ddp allreduce         DistributedDataParallel on the "allreduce" torch.distributed backend
+    --alone                 no averaging: each rank trains on its share alone (what the compute costs)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fusion-mb", type=float, default=25.0, help="gradient bucket size (both modes)")
     parser.add_argument("--ddp", choices=["gloo", "allreduce"], help="use torch DDP on this backend instead")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--alone", action="store_true", help="no gradient averaging: the compute alone")
     return parser.parse_args()
 
 
@@ -88,6 +90,8 @@ def join(args: argparse.Namespace):
 
 def distribute(model: torch.nn.Module, args: argparse.Namespace):
     """(model, optimizer) that average gradients: torch DDP, or allreduce's DistributedOptimizer."""
+    if args.alone:
+        return model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if args.ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.fusion_mb)
         return model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -111,7 +115,8 @@ def main() -> None:
     share = args.batch_size // size
     steps = args.samples // args.batch_size
     loss_fn = torch.nn.CrossEntropyLoss()
-    mode = f"DDP on {args.ddp}" if args.ddp else f"DistributedOptimizer, compression {args.compression}"
+    mode = "no averaging" if args.alone else f"DDP on {args.ddp}" if args.ddp else \
+        f"DistributedOptimizer, compression {args.compression}"
     if rank == 0:
         print(f"{size} ranks, {mode}: {steps} steps of {args.batch_size} samples per epoch")
     for epoch in range(1, args.epochs + 1):
@@ -127,7 +132,7 @@ def main() -> None:
         loss = average(total / steps)
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs}  loss {loss:.4f}  samples/s {rate:.0f}", flush=True)
-    if not args.ddp:
+    if not (args.ddp or args.alone):
         optimizer.close()
     leave()
 
