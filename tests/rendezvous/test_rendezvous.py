@@ -376,6 +376,28 @@ def test_client_sees_peer_lost_when_the_server_closes(server):
     client.close()
 
 
+def test_a_client_never_reaches_a_later_server_on_its_port(server):
+    """After its server closed, a client's next request must not land in a new store on the same port
+    (its host formed another group there): a late goodbye or heartbeat would be read as the new
+    group's. Its own connections all closed, the client dials again and finds another server."""
+    client = TCPStore("127.0.0.1", server.port, timeout=5)
+    client.set("before", b"1")
+    server.close()
+    later = TCPStore("127.0.0.1", server.port, is_server=True, timeout=5)
+    try:
+        with pytest.raises(PeerLost):  # the pooled connection is cut
+            client.set("late", b"1")
+        with pytest.raises(PeerLost, match="a new store serves that port"):  # and a new one refused
+            client.set("late", b"1")
+        assert not later.check(["late"]) and not later.check(["before"])
+        later.set("fresh", b"2")  # the new store's own clients are unaffected
+        with TCPStore("127.0.0.1", server.port, timeout=5) as newcomer:
+            assert newcomer.get("fresh") == b"2"
+    finally:
+        client.close()
+        later.close()
+
+
 def test_close_stops_thread_and_listener():
     store = TCPStore("127.0.0.1", 0, is_server=True, timeout=5)
     port = store.port

@@ -127,25 +127,38 @@ def _fresh(build: Scheme, url: SplitResult, rank: int, world_size: int, timeout:
     due = time.monotonic() + timeout
     pause = 0.01
     while True:
-        store = build(url, rank, world_size, timeout, joining)
-        try:
-            if not store.check([LEFT_KEY]):
-                return store
-        except PeerLost:  # the old group's host closed its store under us
-            pass
-        except BaseException:
-            store.close()
-            raise
-        store.close()
-        if not isinstance(store, TCPStore) or store.is_server:
-            raise RendezvousError(f"rank {rank}/{world_size}: {store!r} holds the keys of a group that ended; "
-                                  f"remove a file:// file after each job, or give each group a fresh store")
+        store, where = _unless_ended(build, url, rank, world_size, timeout, joining)
+        if store is not None:
+            return store
         if time.monotonic() >= due:
-            raise CommTimeout(f"rank {rank}/{world_size}: {store!r} still serves the previous group: its host "
+            raise CommTimeout(f"rank {rank}/{world_size}: {where} still serves the previous group: its host "
                               f"(rank 0) did not close it; it closes the store once every rank has called "
                               f"destroy_process_group()")
         time.sleep(min(pause, _left(due)))
         pause = min(pause * 2, 0.25)
+
+
+def _unless_ended(build: Scheme, url: SplitResult, rank: int, world_size: int, timeout: float,
+                  joining: Joining) -> tuple[Store | None, str]:
+    """The store ``build`` makes, or ``None`` where it was an ended group's TCP store (dial again);
+    and what it was, for the error."""
+    try:
+        store = build(url, rank, world_size, timeout, joining)
+    except PeerLost as exc:  # the old group's host closed its store as we dialled
+        return None, f"the store of {url.geturl()} ({exc})"
+    try:
+        if not store.check([LEFT_KEY]):
+            return store, repr(store)
+    except PeerLost:  # ... or just after
+        pass
+    except BaseException:
+        store.close()
+        raise
+    store.close()
+    if not isinstance(store, TCPStore) or store.is_server:
+        raise RendezvousError(f"rank {rank}/{world_size}: {store!r} holds the keys of a group that ended; "
+                              f"remove a file:// file after each job, or give each group a fresh store")
+    return None, repr(store)
 
 
 def _join(store: Store, rank: int, world_size: int, due: float, timeout: float) -> None:

@@ -17,6 +17,7 @@ handshake is still refused if it is another user's process on this host
 from __future__ import annotations
 
 import collections
+import secrets
 import selectors
 import socket
 import ssl
@@ -32,6 +33,7 @@ from .store import apply_request, deadline, timed_out
 
 HANDSHAKE_CONTEXT = b"store"  # what a store connection's handshake proves itself for (both sides)
 RECV_BYTES = 1 << 16  # bytes per recv, on both sides of a store connection
+IDENTITY_KEY = "\0server"  # a get of it answers which server this is (a random id), and stores nothing
 _MAX_QUEUED = 64  # requests a client may send ahead of their answers before the server drops it
 _BACKLOG = 128  # the smallest listen backlog; at least the world size
 _HANDSHAKE_S = 10.0  # seconds a new client has to prove it knows the job's secret
@@ -92,6 +94,7 @@ class StoreServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._data = Contents(limits)
+        self.identity = secrets.token_bytes(16)  # tells a client a later server on the same port from this one
         self._peers: set[_Peer] = set()
         self._starved_until: float | None = None  # out of descriptors: the listener rests until then
         self._thread = threading.Thread(target=self._serve, name=f"allreduce-store:{self.port}", daemon=True)
@@ -231,7 +234,7 @@ class StoreServer:
                     break
                 peer.current = peer.queue.popleft()
                 peer.due = deadline(peer.current)
-            response = apply_request(self._data, peer.current)
+            response = self._answer(peer.current)
             if response is None:
                 if time.monotonic() < peer.due:
                     break
@@ -241,6 +244,12 @@ class StoreServer:
             peer.out.append(memoryview(wire.encode(response)))
             self._flush(peer)
         return changed
+
+    def _answer(self, request: wire.Request) -> wire.Response | None:
+        """The response to ``request`` (``None`` while it waits); a get of :data:`IDENTITY_KEY` is this server's id."""
+        if isinstance(request, wire.Get) and request.key == IDENTITY_KEY:
+            return wire.Value(self.identity)
+        return apply_request(self._data, request)
 
     def _flush(self, peer: _Peer) -> None:
         try:

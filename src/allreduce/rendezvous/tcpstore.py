@@ -6,7 +6,10 @@ also runs its :class:`~.storeserver.StoreServer` and connects to it like every o
 keeps a small pool of connections, one per request in flight, so threads that share a store never
 queue behind each other's blocking get. Every connection first proves, by the mutual
 challenge-response of :mod:`allreduce.auth`, that both ends know the job's secret, inside a
-mutually authenticated TLS channel when the ``security`` given has TLS (:mod:`allreduce.tls`).
+mutually authenticated TLS channel when the ``security`` given has TLS (:mod:`allreduce.tls`), and
+then asks which server it reached (a random id each server draws): a client talks to one server
+only, so once its host closed it and opened another on the same port for a new group, a late
+request of the old group (a goodbye, a heartbeat, a failure report) is refused, not stored there.
 
 Every request has a deadline (:meth:`Store.execute_by`), and the client gives up on a silent host
 then: a frozen host costs the caller the time it allowed, not a fresh timeout per request. A
@@ -27,7 +30,7 @@ from ..settings import DEFAULT_TIMEOUT
 from . import storewire as wire
 from .contents import StoreLimits
 from .store import Store
-from .storeserver import HANDSHAKE_CONTEXT, RECV_BYTES, StoreServer
+from .storeserver import HANDSHAKE_CONTEXT, IDENTITY_KEY, RECV_BYTES, StoreServer
 
 
 class _Link:
@@ -105,6 +108,7 @@ class TCPStore(Store):
         self._idle: list[_Link] = []
         self._idle_lock = threading.Lock()
         self._reached = False  # a connection succeeded once: a refusal now means the server is gone
+        self._server_id: bytes | None = None  # the id of the server first reached: every connection's must match
         try:
             self._idle.append(self._connect(time.monotonic() + self.timeout))
         except BaseException:
@@ -156,7 +160,7 @@ class TCPStore(Store):
         start, pause = time.monotonic(), 0.01
         while True:
             try:
-                return self._dial(due)
+                link = self._dial(due)
             except OSError as exc:  # refused, unreachable, cut during the handshake, or too slow
                 if (error := exhausted(exc, f"connecting to the store at {where}")) is not None:
                     raise error from exc
@@ -173,8 +177,29 @@ class TCPStore(Store):
                         f"rank 0 is running and that MASTER_ADDR/MASTER_PORT (or the tcp:// address) name "
                         f"its host and a port this host may connect to"
                         f"{'' if self._security.tls or not isinstance(exc, TimeoutError) else _NO_TLS}") from exc
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, 1.0)
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 1.0)
+                continue
+            return self._same_server(link, due)
+
+    def _same_server(self, link: _Link, due: float) -> _Link:
+        """``link``, once its server is the one this client reached first: after that server closed,
+        its host may open another on the same port (a new group there), whose keys no request meant
+        for the old one may touch (a late goodbye, a heartbeat, a failure report)."""
+        try:
+            server_id = link.roundtrip(wire.Get(IDENTITY_KEY, 0), due)
+            if not isinstance(server_id, wire.Value):
+                raise ProtocolError(f"store at {self.host}:{self.port} did not say which server it is")
+        except BaseException:
+            link.close()
+            raise
+        if self._server_id is None:
+            self._server_id = server_id.value
+        elif server_id.value != self._server_id:
+            link.close()
+            raise PeerLost(f"the store at {self.host}:{self.port} is gone: a new store serves that port now "
+                           f"(its host formed a new group after this one ended)")
+        return link
 
     def _dial(self, due: float) -> _Link:
         """One connection, and the handshake that proves to the server that this process knows the
