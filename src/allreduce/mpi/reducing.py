@@ -18,12 +18,14 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import check_op, kernel
-from .collectives import check_root, done, in_place, split
+from .collectives import check_root, done, in_place, refusals, split
 from .bufferargs import blocked, datatype_argument, simple, written
 from .reductions import SUM, Op
 from .requests import Request
 
 
+@refusals(_allreduce="Allreduce", Ireduce="Reduce", Ireduce_scatter_block="Reduce_scatter_block",
+          Ireduce_scatter="Reduce_scatter", Iscan="Scan", Iexscan="Exscan")
 class Reductions:
     """The reductions of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
 
