@@ -205,3 +205,13 @@ def test_reductions_refuse_send_and_receive_buffers_of_different_datatypes(call)
     same = np.zeros(2, np.int32)
     MPI.COMM_SELF.Allreduce(send, same)
     assert same.tolist() == [0, 1]
+
+
+def test_a_null_pointer_is_refused_unless_it_holds_nothing():
+    empty = EditableDLPack([], np.int32)
+    empty.managed.tensor.data, empty.shape[0] = None, 0
+    assert MPI.buffer(empty).nbytes == 0
+    null = EditableDLPack([1, 2], np.int32)
+    null.managed.tensor.data = None
+    with pytest.raises(BufferError, match="NULL"):
+        sendrecv(null, np.zeros(2, np.int32))

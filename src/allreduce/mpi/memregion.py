@@ -26,8 +26,14 @@ class Region:
     owner: object
 
     def array(self) -> np.ndarray:
-        """A flat numpy view of the region (which reads nothing until it is indexed)."""
+        """A flat numpy view of the region (which reads nothing until it is indexed).
+
+        Raises:
+            BufferError: a NULL address for some bytes.
+        """
         count = self.nbytes // self.dtype.itemsize
+        if not self.address and count:
+            raise BufferError(f"a NULL data pointer for {self.nbytes} bytes")
         return np.asarray(_Interface(self.address, count, self.dtype, self.readonly, self.owner))
 
 
