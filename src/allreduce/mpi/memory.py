@@ -3,7 +3,7 @@
 A buffer is a stretch of bytes (``address``, ``nbytes``, ``readonly``) and the object that owns them
 (``obj``). It takes any buffer-protocol object, a DLPack array or a CUDA array interface, and offers
 the buffer protocol itself (``memoryview(buf)``: format ``B``, one dimension), on Python 3.11 too
-through a small compiled base class. Memory an accelerator owns (DLPack on a device, the CUDA array
+through a small compiled base class that serves ``__buffer__``. Memory an accelerator owns (DLPack on a device, the CUDA array
 interface) may be handed to communication but not read from Python here: ``buf[i]``, ``tobytes``,
 ``cast`` and ``memoryview`` raise ``BufferError`` for it. ``release()`` (and ``Free_mem``) leave an
 empty buffer of address 0.
@@ -15,6 +15,7 @@ once its bytes are handed on; ``Attach_buffer``/``Detach_buffer`` keep MPI's con
 from __future__ import annotations
 
 import operator
+import sys
 
 import numpy as np
 
@@ -27,12 +28,19 @@ __all__ = ["BSEND_OVERHEAD", "BUFFER_AUTOMATIC", "buffer", "Alloc_mem", "Free_me
            "Flush_buffer", "Iflush_buffer"]
 
 BSEND_OVERHEAD = 128
-_exporter, _ = load("exporter")
-_Base = _exporter.Exporter if _exporter is not None else object  # without it: no memoryview() before 3.12
+
+
+def _exporter_base() -> type:
+    """What gives ``__buffer__`` its meaning: Python's own from 3.12, the compiled ``Exporter`` before
+    (without it, ``memoryview(buffer)`` is refused on 3.11)."""
+    module = None if sys.version_info >= (3, 12) else load("exporter")[0]
+    return object if module is None else module.Exporter
+
+
 _NOTHING = object()
 
 
-class buffer(_Base):  # noqa: N801 - mpi4py's name
+class buffer(_exporter_base()):  # noqa: N801 - mpi4py's name
     """Raw memory as mpi4py shows it; ``buffer()`` is an empty one, ``buffer(obj)`` views ``obj``'s.
 
     Raises:
@@ -84,13 +92,9 @@ class buffer(_Base):  # noqa: N801 - mpi4py's name
     def __len__(self) -> int:
         return self._bytes.size
 
-    @property
-    def _view(self) -> memoryview:
-        """What the buffer protocol exports (the compiled base reads this attribute)."""
-        return memoryview(self._host())
-
     def __buffer__(self, flags: int) -> memoryview:
-        return self._view
+        """What the buffer protocol exports (Python 3.12's hook, which the compiled base serves on 3.11)."""
+        return memoryview(self._host())
 
     def mpi_view(self) -> np.ndarray:
         """The bytes as a numpy array (what communication reads and writes)."""
@@ -141,7 +145,7 @@ class buffer(_Base):  # noqa: N801 - mpi4py's name
         return made
 
     def cast(self, format: str, shape=None) -> memoryview:  # noqa: A002 - memoryview's name
-        view = self._view
+        view = memoryview(self._host())
         return view.cast(format) if shape is None else view.cast(format, shape)
 
     def release(self) -> None:
