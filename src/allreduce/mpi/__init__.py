@@ -18,11 +18,11 @@ from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .bufferargs import BOTTOM, IN_PLACE
 from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
+from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
-from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers
 from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
