@@ -14,7 +14,8 @@ Threads that need collectives at the same time use a group each.
 
 from __future__ import annotations
 
-from typing import Callable, cast
+import functools
+from typing import Callable, ParamSpec, TypeVar, cast
 
 import numpy as np
 
@@ -29,6 +30,32 @@ from .planner import determinism
 from .runtime import Request
 from .work import Work
 from .world import Group, resolve_group
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _refusing(collective: str, group_at: int) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorate a collective whose ``group`` argument is positional argument ``group_at``: an argument it
+    refuses (``TypeError``/``ValueError``, raised before the call is issued) is told to the group's
+    peers (:meth:`~allreduce.runtime.ProcessGroup.refused`), so one waiting in that call raises at once
+    instead of at its deadline."""
+    def decorate(function: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(function)
+        def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                g = resolve_group(args[group_at] if len(args) > group_at else kwargs.get("group"))  # type: ignore[arg-type]
+            except (RuntimeError, TypeError, ValueError):  # no group: the call raises so, and nobody waits
+                return function(*args, **kwargs)
+            issued = g.issued
+            try:
+                return function(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                g.refused(collective, str(exc), issued)
+                raise
+        return call
+    return decorate
 
 
 def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,
@@ -50,13 +77,19 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
             flags = tensor.flags
             if flags.c_contiguous and flags.writeable and g.run_planned(known[1], {"data": tensor}):
                 return None
-    arr = as_array(tensor)
-    op = checked_op(op, arr.dtype)
-    data = arr if arr.ndim == 1 else flat(arr)
-    return g.collective(Request("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
-                                finish_reduction(op, data, g.size)), async_op)
+    issued = g.issued  # what _refusing does, written out: the shortcut above must stay as short as it is
+    try:
+        arr = as_array(tensor)
+        op = checked_op(op, arr.dtype)
+        data = arr if arr.ndim == 1 else flat(arr)
+        return g.collective(Request("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
+                                    finish_reduction(op, data, g.size)), async_op)
+    except (TypeError, ValueError) as exc:
+        g.refused("all_reduce", str(exc), issued)
+        raise
 
 
+@_refusing("reduce", 3)
 def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,
            algorithm: str | None = None) -> Work | None:
     """Reduce ``tensor`` from all ranks into ``tensor`` on rank ``dst``; other ranks' tensors are unchanged."""
@@ -69,6 +102,7 @@ def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None,
     return g.collective(Request("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after), async_op)
 
 
+@_refusing("broadcast", 2)
 def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = False,
               algorithm: str | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
@@ -79,6 +113,7 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
     return g.collective(Request("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm), async_op)
 
 
+@_refusing("all_gather_into_tensor", 2)
 def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Group = None, async_op: bool = False,
                            algorithm: str | None = None) -> Work | None:
     """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
@@ -91,6 +126,7 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: G
                                 algorithm=algorithm), async_op)
 
 
+@_refusing("all_gather", 2)
 def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Group = None, async_op: bool = False,
                algorithm: str | None = None) -> Work | None:
     """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank."""
@@ -102,6 +138,7 @@ def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Group = None, a
                                 algorithm=algorithm, after=_copied_out(staged, outs, inp.size)), async_op)
 
 
+@_refusing("reduce_scatter_tensor", 3)
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, group: Group = None,
                           async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Reduce ``input`` (world size x ``output``) across ranks; rank r keeps block r in ``output``."""
@@ -116,6 +153,7 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, 
                                 algorithm, finish_reduction(op, result, g.size)), async_op)
 
 
+@_refusing("reduce_scatter", 3)
 def reduce_scatter(output: Tensor, input_list: list[Tensor], op: Op = ReduceOp.SUM, group: Group = None,
                    async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Reduce ``input_list[r]`` across ranks into ``output`` on rank r."""
@@ -126,6 +164,7 @@ def reduce_scatter(output: Tensor, input_list: list[Tensor], op: Op = ReduceOp.S
     return reduce_scatter_tensor(out, staged, op, group, async_op, algorithm)
 
 
+@_refusing("all_to_all_single", 4)
 def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None, group: Group = None,
                       async_op: bool = False, algorithm: str | None = None) -> Work | None:
@@ -146,6 +185,7 @@ def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: list[in
                                 inp.dtype, algorithm=algorithm), async_op)
 
 
+@_refusing("gather", 3)
 def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0, group: Group = None,
            async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (``None`` elsewhere)."""
@@ -162,6 +202,7 @@ def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0
     return g.collective(Request("gather", buffers, inp.size, inp.dtype, ReduceOp.SUM, dst, algorithm, after), async_op)
 
 
+@_refusing("scatter", 3)
 def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0, group: Group = None,
             async_op: bool = False, algorithm: str | None = None) -> Work | None:
     """Rank ``src`` sends ``scatter_list[r]`` to rank r, which receives it into ``tensor``."""

@@ -238,3 +238,20 @@ def test_a_probed_message_is_received_once_and_no_proc_stays():
     with pytest.raises(ValueError):
         pickle.dumps(MPI.COMM_SELF.Isend(b"", 0, 0))
     MPI.COMM_SELF.Recv(bytearray(0), 0, 0)
+
+
+def test_object_receives_take_buffer_messages_and_ignore_a_buf_with_a_warning():
+    comm = MPI.COMM_SELF
+    sent = comm.Isend([None, 0, "B"], 0)
+    assert comm.recv(None, 0) is None  # a message of no bytes is None
+    sent.Wait()
+    for value in ({"a": [1, 2.5]}, "text", None):
+        sent = comm.Isend([MPI.pickle.dumps(value), "B"], 0)
+        assert comm.irecv(None, 0).wait() == value
+        sent.Wait()
+    sent = comm.isend([42], 0)
+    with pytest.warns(UserWarning, match="ignores its buf"):
+        assert comm.recv(bytearray(1), 0) == [42]  # the buffer is too small: ignored, as it says
+    sent.wait()
+    with pytest.warns(UserWarning):
+        assert comm.recv(bytearray(0), MPI.PROC_NULL) is None

@@ -110,5 +110,5 @@ def test_buffer_arguments_are_views_in_mpi4pys_forms():
         simple([x, (5, 6), MPI.DOUBLE], "buf", False)
     with pytest.raises(ValueError, match="do not fit"):
         vector([x, [6, 6]], 2, "buf", False)
-    with pytest.raises(ValueError, match="read-only"):
+    with pytest.raises(BufferError, match="read-only"):
         simple(np.frombuffer(b"12345678", np.float64), "recvbuf", True)

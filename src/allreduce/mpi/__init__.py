@@ -17,7 +17,8 @@ from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, 
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .bufferargs import BOTTOM, IN_PLACE
 from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
-from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
+from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
+from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group

@@ -16,12 +16,16 @@ once done, which writes the elements back where the datatype lays them.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
-from ..buffers import as_array, flat
+from ..buffers import as_array
+from ..dtypes import code_of
 from ..uneven import displacements
-from . import dlpack
+from . import cudaiface, dlpack
 from .datatypes import Datatype, datatype_of
+from .memregion import HOST_DEVICES, Region
 
 
 class _InPlace:
@@ -74,7 +78,7 @@ def raw_bytes(data, what: str, writable: bool) -> np.ndarray:
     """The bytes of a plain buffer (no count, no datatype), as a flat uint8 view."""
     if data is None or data is BOTTOM:
         return np.empty(0, np.uint8)
-    return flat(array_of(data, what, writable)).view(np.uint8)
+    return array_of(data, what, writable).view(np.uint8)
 
 
 def simple(spec, what: str, writable: bool) -> np.ndarray:
@@ -87,7 +91,7 @@ def simple(spec, what: str, writable: bool) -> np.ndarray:
     if spec is None or spec is BOTTOM:
         return np.empty(0, np.uint8)
     elements, per, count, displ, available = _located(spec, what, writable)
-    count = available - displ if count is None else int(count)
+    count = available - displ if count is None else operator.index(count)
     if displ < 0 or count < 0 or displ + count > available:
         raise ValueError(f"{what}: {count} elements from {displ} do not fit in its {available} elements")
     return elements[displ * per:(displ + count) * per]
@@ -100,8 +104,8 @@ def _located(spec, what: str, writable: bool) -> tuple[np.ndarray, int, int | No
     displ = 0
     if isinstance(count, (tuple, list)):
         count, displ = count
-    displ = 0 if displ is None else int(displ)
-    elements, per = _elements(data, datatype, what, writable)
+    displ = 0 if displ is None else operator.index(displ)
+    elements, per = _elements(data, datatype, what, writable, exact=count is None)
     return elements, per, count, displ, elements.size // max(per, 1)
 
 
@@ -120,7 +124,7 @@ def blocked(spec, size: int, what: str, writable: bool) -> np.ndarray:
         if (available - displ) % size:
             raise ValueError(f"{what}: {available - displ} elements do not split into {size} equal blocks")
         count = (available - displ) // size
-    count = int(count)
+    count = operator.index(count)
     if displ < 0 or count < 0 or displ + count * size > available:
         raise ValueError(f"{what}: {size} blocks of {count} elements from {displ} do not fit in its {available} "
                          "elements")
@@ -133,17 +137,9 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
     Without counts the data splits into ``size`` equal blocks; without displs blocks lie back to back.
     """
     data, counts, displs, datatype = _vector_parts(spec, what)
-    elements, per = _elements(data, datatype, what, writable)
-    if counts is None:
-        counts = [elements.size // per // size] * size
-    elif isinstance(counts, (int, np.integer)):
-        counts = [int(counts)] * size
-    counts = [int(c) for c in counts]
-    if displs is None:
-        displs = displacements(counts)
-    elif isinstance(displs, (int, np.integer)):
-        displs = [int(displs) * r for r in range(size)]  # one stride: block r starts at r * displs
-    displs = [int(d) for d in displs]
+    elements, per = _elements(data, datatype, what, writable, exact=counts is None)
+    counts = [elements.size // per // size] * size if counts is None else _integers(counts, size, 0)
+    displs = displacements(counts) if displs is None else _integers(displs, size, 1)
     if len(counts) != size or len(displs) != size:
         raise ValueError(f"{what}: needs one count and displacement per rank ({size}), got {len(counts)} and {len(displs)}")
     if any(c < 0 or d < 0 or (d + c) * per > elements.size for c, d in zip(counts, displs)):
@@ -151,10 +147,24 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
     return elements, [c * per for c in counts], [d * per for d in displs]
 
 
+def _integers(given, size: int, stride: int) -> list[int]:
+    """Counts or displacements, one per rank: a list of integers, or one integer (the same count for
+    every rank, or with ``stride`` one step: block r starts at r times it).
+
+    Raises:
+        TypeError: a number that is not an integer (a float, say).
+    """
+    try:
+        one = operator.index(given)
+    except TypeError:
+        return [operator.index(x) for x in given]
+    return [one * r for r in range(size)] if stride else [one] * size
+
+
 def datatype_argument(spec, dtype) -> "Datatype":
     """The datatype a buffer argument names, else the one of ``dtype``."""
     if isinstance(spec, (list, tuple)) and spec and _is_datatype(spec[-1]):
-        return spec[-1] if isinstance(spec[-1], Datatype) else Datatype.fromcode(spec[-1])
+        return _datatype(spec[-1])
     return datatype_of(dtype)
 
 
@@ -201,56 +211,96 @@ def _vector_parts(spec, what: str) -> tuple:
     return data, counts, displs, datatype
 
 
+def _datatype(named) -> Datatype:
+    """The datatype a buffer argument names (a typecode is looked up as mpi4py looks it up).
+
+    Raises:
+        KeyError: a typecode of no datatype.
+        ValueError: ``DATATYPE_NULL``.
+    """
+    if isinstance(named, str):
+        try:
+            named = Datatype.fromcode(named)
+        except ValueError:
+            raise KeyError(f"typecode {named!r} names no datatype") from None
+    if not named:
+        raise ValueError("a buffer argument's datatype is DATATYPE_NULL")
+    if named.extent < 0:
+        raise ValueError(f"a buffer argument's datatype has a negative extent ({named.extent})")
+    return named
+
+
 def _is_datatype(x) -> bool:
     return isinstance(x, (Datatype, str))
 
 
 def array_of(data, what: str, writable: bool) -> np.ndarray:
-    """A numpy view of any buffer mpi4py takes: the buffer protocol, DLPack, ``__array_interface__``,
-    or ``__cuda_array_interface__`` over host memory (what an MPI without device support reads)."""
-    if isinstance(data, np.ndarray) and data.dtype.kind == "V" and data.flags.c_contiguous:
-        data = data.reshape(-1).view(np.uint8)  # records: their bytes, which a datatype lays out
-    if isinstance(data, np.ndarray) or type(data).__module__.startswith("torch"):
-        return as_array(data, what, writable)
-    if hasattr(data, "mpi_view"):  # MPI.buffer, Alloc_mem's memory
-        data = data.mpi_view()
+    """A flat numpy view of any buffer mpi4py takes, its elements in memory order: the buffer
+    protocol, DLPack, ``__array_interface__``, or ``__cuda_array_interface__`` over memory the host
+    reads (what an MPI without device support reads); C or Fortran order alike.
+
+    Raises:
+        TypeError: ``data`` offers no memory, or is an array library's device memory.
+        BufferError: memory that is read-only where ``writable``, or not contiguous.
+    """
+    if type(data).__module__.startswith("torch"):
+        return as_array(data, what, writable)  # CPU tensors (bfloat16 too); device ones refused
+    if isinstance(data, np.ndarray):
+        arr = data
+    elif hasattr(data, "mpi_view"):  # MPI.buffer, Alloc_mem's memory
+        arr = data.mpi_view()
     elif hasattr(data, "__dlpack__"):
-        data = dlpack.view(data)
+        arr = _host_region(dlpack.region(data), data, what)
     elif hasattr(data, "__cuda_array_interface__") and not hasattr(data, "__array_interface__"):
-        if type(data).__module__.split(".")[0] in _DEVICE_LIBRARIES:
-            raise TypeError(f"{what} is in GPU memory ({type(data).__module__}); pass a host array")
-        data = np.asarray(_HostInterface(data.__cuda_array_interface__))
+        arr = _host_region(cudaiface.region(data), data, what)
     elif hasattr(data, "__array_interface__"):
-        data = np.asarray(data)
-    return as_array(data, what, writable)
+        arr = np.asarray(data)
+    else:
+        try:
+            arr = np.asarray(memoryview(data))
+        except TypeError:
+            raise TypeError(f"{what} must be a buffer, a DLPack array or an array interface, got "
+                            f"{type(data).__name__}") from None
+    if writable and not arr.flags.writeable:
+        raise BufferError(f"{what} is read-only; a receive buffer must be writable")
+    if arr.flags.c_contiguous:
+        arr = arr.reshape(-1)
+    elif arr.flags.f_contiguous:
+        arr = arr.reshape(-1, order="F")
+    else:
+        raise BufferError(f"{what} is not contiguous (strides {arr.strides}); pass a contiguous copy")
+    return arr.view(np.uint8) if arr.dtype.kind == "V" else arr  # records: their bytes, which a datatype lays out
 
 
-_DEVICE_LIBRARIES = ("cupy", "numba", "torch", "jax", "pycuda")  # their CUDA interface points at device memory
+_DEVICE_LIBRARIES = ("cupy", "numba", "torch", "jax", "pycuda")  # their device pointers are not host memory
 
 
-class _HostInterface:
-    """A CUDA array interface whose pointer is host memory, shown to numpy as an array interface."""
-
-    def __init__(self, interface: dict):
-        self.__array_interface__ = {"version": 3, "shape": tuple(interface["shape"]), "typestr": interface["typestr"],
-                                    "data": tuple(interface["data"]), "strides": interface.get("strides")}
+def _host_region(region: Region, data, what: str) -> np.ndarray:
+    if region.device not in HOST_DEVICES and type(data).__module__.split(".")[0] in _DEVICE_LIBRARIES:
+        raise TypeError(f"{what} is in GPU memory ({type(data).__module__}); pass a host array")
+    return region.array()
 
 
-def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, int]:
+def _elements(data, datatype, what: str, writable: bool, exact: bool) -> tuple[np.ndarray, int]:
     """The data as a flat array of the datatype's basic dtype, and how many make one element
-    (``None`` or ``BOTTOM`` as the data: no elements)."""
-    arr = np.empty(0, np.uint8) if data is None or data is BOTTOM else flat(array_of(data, what, writable))
+    (``None`` or ``BOTTOM`` as the data: no elements). Bytes after the last whole element are left
+    out, unless ``exact`` (no count given: the data's size is the message's), where they raise."""
+    arr = np.empty(0, np.uint8) if data is None or data is BOTTOM else array_of(data, what, writable)
     if datatype is None:
+        if not arr.dtype.isnative:
+            raise BufferError(f"{what} is of dtype {arr.dtype.str}, not in native byte order; name a datatype "
+                              "to move its bytes")
+        code_of(arr.dtype)
         return arr, 1
-    if isinstance(datatype, str):
-        datatype = Datatype.fromcode(datatype)
+    datatype = _datatype(datatype)
     basic = datatype._basic()
     if not datatype.dense:
         return _packed(arr.view(np.uint8), datatype.typemap, writable), datatype.count
     if arr.dtype != basic:
-        if arr.nbytes % basic.itemsize:
+        left = arr.nbytes % basic.itemsize
+        if left and exact:
             raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
-        arr = arr.view(np.uint8).view(basic)
+        arr = arr.view(np.uint8)[:arr.nbytes - left].view(basic)
     return arr, datatype.count
 
 

@@ -12,17 +12,53 @@ do not fit, a malformed buffer), so such an error raises on every rank and none 
 a gather its block of the receive buffer already holds its input, at the root of a scatter it keeps
 its block where it is, in an all-gather and an all-to-all the receive buffer holds the input.
 A root out of range raises ``MPI.Exception(ERR_ROOT)`` on every rank, before anything is sent.
+
+The even collectives pay no such round: a rank that refuses its arguments tells its peers through
+the group's heartbeat record (:func:`refusals`, ``ProcessGroup.refused``), and a peer waiting in
+that collective raises ``Mismatch`` naming the rank, the call and the reason within a heartbeat
+interval. Where every rank refuses alike nobody waits, and the communicator stays usable.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from .. import api, uneven
 from ..ops import ReduceOp
 from .bufferargs import IN_PLACE, array_of, blocked, simple, vector, written
-from .errorcodes import ERR_ROOT, error
+from .errorcodes import ERR_ROOT, Exception as MPIException, error
 from .requests import Request
+
+REFUSALS = (ValueError, TypeError, BufferError, KeyError, IndexError, MPIException)  # a rank's own arguments
+
+
+def refusals(**collectives: str):
+    """A class decorator: each method named (``method="Collective"``) that raises one of
+    :data:`REFUSALS` before its collective was issued tells the group's peers that this rank refused
+    it (``ProcessGroup.refused``), then raises as before."""
+    def decorate(cls):
+        for method, collective in collectives.items():
+            setattr(cls, method, _refusing(getattr(cls, method), collective))
+        return cls
+    return decorate
+
+
+def _refusing(method, collective: str):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            g = self.process_group()
+        except MPIException:  # no group (COMM_NULL): the method raises so, and nobody waits
+            return method(self, *args, **kwargs)
+        issued = g.issued
+        try:
+            return method(self, *args, **kwargs)
+        except REFUSALS as exc:
+            g.refused(collective, str(exc), issued)
+            raise
+    return call
 
 
 def done() -> Request:
@@ -66,6 +102,7 @@ def agreed(g, what: str, prepare):
     return value
 
 
+@refusals(Ibcast="Bcast", Igather="Gather", Iscatter="Scatter", Iallgather="Allgather", Ialltoall="Alltoall")
 class BufferCollectives:
     """The data-moving buffer collectives of :class:`~allreduce.mpi.comm.Comm` (``process_group()``)."""
 

@@ -1,9 +1,16 @@
-"""Reading a DLPack array as mpi4py does: take the capsule, view its memory, release it at once.
+"""Reading a DLPack array as mpi4py does: a contiguous stretch of bytes, its element type and flags.
 
-``numpy.from_dlpack`` would keep the capsule's tensor until the view dies and only then call its
-deleter; mpi4py instead reads the tensor's description, calls the deleter straight away, and
-relies on the exporting object (which the caller holds) to keep the memory. Producers written for
-mpi4py free the tensor with the capsule, so only mpi4py's order is safe with all of them.
+The capsule that ``__dlpack__`` returns is neither renamed nor released here: it travels with the
+view (as the view's owner) and its own destructor hands the tensor back when the view dies, so the
+same capsule may be read again while it lives, and a capsule some consumer already used is refused.
+A tensor counts as contiguous when its elements lie back to back in C or in Fortran order (the
+stride of an axis of extent 1 does not matter); its bytes are then read in memory order. A type
+numpy does not hold (other codes, several lanes) is read as bytes.
+
+Every malformed description raises as mpi4py raises: ``BufferError`` for a tensor this module cannot
+take (a used or missing capsule, an unknown version, a negative rank or extent, strides that leave
+gaps, a read-only tensor given as a receive buffer); ``TypeError``/``ValueError`` for a
+``__dlpack_device__`` that is not a pair of integers.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+
+from .memregion import CPU, Region, check_contiguous, check_shape, dtype_of
 
 
 class _Device(ctypes.Structure):
@@ -27,9 +36,6 @@ class _Tensor(ctypes.Structure):
                 ("byte_offset", ctypes.c_uint64)]
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
 class _Managed(ctypes.Structure):
     _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
@@ -43,71 +49,75 @@ class _ManagedVersioned(ctypes.Structure):
                 ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
 
 
-_CPU, _CUDA_HOST = 1, 3
 _KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}  # DLPack type codes: numpy kinds
 _READ_ONLY = 1
-_USED = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}  # kept alive: a
-# capsule keeps the pointer to its name, not a copy
+_MAJOR = 1  # the versioned layout read here
+_CAPSULE_TYPE = type(np.empty(0).__dlpack__())
 _api = ctypes.pythonapi
 _api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype, _api.PyCapsule_SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 
 
-def view(obj) -> np.ndarray:
-    """A numpy view of the DLPack array ``obj`` (which must outlive it), its tensor released already.
+def device_of(obj) -> int:
+    """The DLPack device type of ``obj`` (CPU where it names none).
 
     Raises:
-        TypeError: not in host memory, strided, or of a type numpy does not hold.
+        TypeError: ``__dlpack_device__`` is not callable or does not return integers.
+        ValueError: it returns other than two items.
     """
-    device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else _CPU
-    if device not in (_CPU, _CUDA_HOST):
-        raise TypeError(f"DLPack array on device type {device}; pass one in host memory")
+    if not hasattr(obj, "__dlpack_device__"):
+        return CPU
+    device_type, device_id = obj.__dlpack_device__()
+    _integer(device_id, "device id")
+    return _integer(device_type, "device type")
+
+
+def region(obj) -> Region:
+    """The memory of the DLPack array ``obj`` (which must outlive every view of it).
+
+    Raises:
+        BufferError: no usable capsule, or a tensor whose description this module cannot take.
+    """
+    device = device_of(obj)
+    stream = None if device == CPU else -1  # -1: the producer need not synchronise any stream
     try:
-        capsule = obj.__dlpack__(max_version=(1, 0))
+        capsule = obj.__dlpack__(stream=stream, max_version=(_MAJOR, 0))
     except TypeError:
-        capsule = obj.__dlpack__()
-    versioned = bool(_api.PyCapsule_IsValid(capsule, b"dltensor_versioned"))
-    name = b"dltensor_versioned" if versioned else b"dltensor"
-    if not versioned and not _api.PyCapsule_IsValid(capsule, name):
-        raise TypeError("__dlpack__ returned no DLPack capsule (or one already used)")
-    address = _api.PyCapsule_GetPointer(capsule, name)
-    managed = (_ManagedVersioned if versioned else _Managed).from_address(address)
+        capsule = obj.__dlpack__(stream=stream)
+    if not isinstance(capsule, _CAPSULE_TYPE):
+        raise BufferError(f"__dlpack__ of {type(obj).__name__} returned no DLPack capsule")
+    if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        managed = _ManagedVersioned.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
+        if managed.version.major != _MAJOR:
+            raise BufferError(f"DLPack version {managed.version.major}.{managed.version.minor} is not {_MAJOR}.x")
+        readonly = bool(managed.flags & _READ_ONLY)
+    elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        managed, readonly = _Managed.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor")), False
+    else:
+        raise BufferError("the DLPack capsule was already used (or is not a DLPack capsule)")
     tensor = managed.dl_tensor
-    try:
-        readonly = versioned and bool(managed.flags & _READ_ONLY)
-        array = _described(tensor, readonly)
-    finally:
-        _api.PyCapsule_SetName(capsule, _USED[name])
-        if managed.deleter:
-            _Deleter(managed.deleter)(address)
-    return array
+    shape = _shape(tensor)
+    itemsize = (tensor.dtype.bits * tensor.dtype.lanes) // 8
+    strides = tuple(tensor.strides[i] * itemsize for i in range(tensor.ndim)) if tensor.strides else None
+    check_contiguous(shape, strides, itemsize, "DLPack tensor")
+    dtype = dtype_of(_KINDS.get(tensor.dtype.code, "") if tensor.dtype.lanes == 1 else "", itemsize)
+    count = int(np.prod(shape, dtype=np.int64))
+    return Region(address=(tensor.data or 0) + tensor.byte_offset, nbytes=count * itemsize, dtype=dtype,
+                  readonly=readonly, device=tensor.device.device_type, owner=(obj, capsule))
 
 
-def _described(tensor: _Tensor, readonly: bool) -> np.ndarray:
-    """The array the tensor describes, over its memory."""
-    if tensor.device.device_type not in (_CPU, _CUDA_HOST):
-        raise TypeError(f"DLPack array on device type {tensor.device.device_type}; pass one in host memory")
-    kind = _KINDS.get(tensor.dtype.code)
-    if kind is None or tensor.dtype.lanes != 1:
-        raise TypeError(f"DLPack type code {tensor.dtype.code} x{tensor.dtype.lanes} is not one numpy holds")
-    dtype = np.dtype("?" if kind == "b" else f"{kind}{tensor.dtype.bits // 8}")
+def _integer(value, what: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"__dlpack_device__ must give integers, got {what} {value!r}")
+    return int(value)
+
+
+def _shape(tensor: _Tensor) -> tuple[int, ...]:
+    if tensor.ndim < 0:
+        raise BufferError(f"DLPack tensor of negative rank {tensor.ndim}")
+    if tensor.ndim and not tensor.shape:
+        raise BufferError(f"DLPack tensor of rank {tensor.ndim} without a shape")
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if tensor.strides and count > 1:
-        expected, step = [], 1
-        for extent in reversed(shape):
-            expected.insert(0, step)
-            step *= extent
-        actual = [tensor.strides[i] for i in range(tensor.ndim)]
-        if any(a != e for a, e, n in zip(actual, expected, shape) if n > 1):
-            raise TypeError(f"DLPack array with strides {actual} is not contiguous")
-    nbytes = count * dtype.itemsize
-    if nbytes == 0:
-        return np.empty(shape, dtype)
-    raw = (ctypes.c_char * nbytes).from_address(tensor.data + tensor.byte_offset)
-    array = np.frombuffer(raw, dtype).reshape(shape)
-    if readonly:
-        array.flags.writeable = False
-    return array
+    check_shape(shape, "DLPack tensor")
+    return shape

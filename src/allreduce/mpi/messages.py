@@ -11,6 +11,7 @@ probed one while no other receive of the same source and tag is posted meanwhile
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 
@@ -124,8 +125,12 @@ class PointToPoint:
         return p2p.send(*self._p2p(), payload, dest, tag, synchronous=synchronous)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
-        """The next object from ``source`` with ``tag`` (either may be ANY_*); ``buf`` is ignored."""
-        return self.irecv(buf, source, tag).finish(status)
+        """The next object from ``source`` with ``tag`` (either may be ANY_*). ``buf`` is ignored, with a
+        ``UserWarning``: the object is received into memory of its message's size."""
+        if buf is not None:
+            warnings.warn("recv() ignores its buf argument: the object is received into memory of the "
+                          "message's size", UserWarning, stacklevel=2)
+        return self.irecv(None, source, tag).finish(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         objects.check_trusted(self.process_group(), "recv/irecv of an object")
@@ -295,4 +300,6 @@ def _into(target: np.ndarray):
 
 
 def _unpickled(payload):
-    return None if payload is None else pickle.loads(payload)
+    """The object a message's bytes pickle; an empty message (none from ``PROC_NULL``, or a buffer
+    send of no bytes) is ``None``."""
+    return None if payload is None or not len(payload) else pickle.loads(payload)

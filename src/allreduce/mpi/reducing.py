@@ -18,12 +18,14 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import check_op, kernel
-from .collectives import check_root, done, in_place, split
+from .collectives import check_root, done, in_place, refusals, split
 from .bufferargs import blocked, datatype_argument, simple, written
 from .reductions import SUM, Op
 from .requests import Request
 
 
+@refusals(_allreduce="Allreduce", Ireduce="Reduce", Ireduce_scatter_block="Reduce_scatter_block",
+          Ireduce_scatter="Reduce_scatter", Iscan="Scan", Iexscan="Exscan")
 class Reductions:
     """The reductions of :class:`~allreduce.mpi.comm.Comm`, which provides ``process_group()``."""
 
@@ -86,6 +88,7 @@ class Reductions:
         else:
             recv = simple(recvbuf, "recvbuf", True)
             send = blocked(sendbuf, g.size, "sendbuf", False)
+            _matched(send, recv, same_count=False)
         if send.size != recv.size * g.size:
             raise ValueError(f"sendbuf has {send.size} elements; {g.size} blocks of recvbuf's {recv.size} need "
                              f"{recv.size * g.size}")
@@ -110,6 +113,7 @@ class Reductions:
         g = self.process_group()
         recv = simple(recvbuf, "recvbuf", True)
         send = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        _matched(send, recv, same_count=False)
         if recvcounts is None:
             own = np.array([recv.size if not in_place(sendbuf) else -1], np.int64)
             everyone = np.empty(g.size, np.int64)
@@ -158,8 +162,7 @@ class Reductions:
         g = self.process_group()
         recv = simple(recvbuf, "recvbuf", True)
         mine = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        if mine.size != recv.size:
-            raise ValueError(f"mismatch in send count {mine.size} and receive count {recv.size}")
+        _matched(mine, recv, same_count=True)
         everyone = _gathered(g, mine)[:g.rank + inclusive]
         if len(everyone) == 0:
             return
@@ -194,6 +197,19 @@ def _operand(op: Op, values: np.ndarray, operands: int) -> np.ndarray:
     return values != 0 if op.logical and operands > 1 else values
 
 
+def _matched(send: np.ndarray, recv: np.ndarray, same_count: bool) -> None:
+    """Refuse, as mpi4py does before anything moves, a send and a receive buffer of different
+    datatypes (and, where ``same_count``, of different counts).
+
+    Raises:
+        ValueError: naming both.
+    """
+    if send.dtype != recv.dtype:
+        raise ValueError(f"mismatch in send and receive datatypes: {send.dtype} and {recv.dtype}")
+    if same_count and send.size != recv.size:
+        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
+
+
 def _staged(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
     """``(work, write_back)``: an array holding ``send`` for ``op`` to reduce in place over ``size``
     ranks, and what copies the result into ``recv`` afterwards (``None`` when ``work`` is ``recv`` or
@@ -203,8 +219,8 @@ def _staged(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
         ValueError: ``send`` and ``recv`` hold different counts (as mpi4py, before anything is sent:
             a copy would broadcast one element over the receive buffer).
     """
-    if recv is not None and send.size != recv.size:
-        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
+    if recv is not None:
+        _matched(send, recv, same_count=True)
     operand = _operand(op, send, size)
     if recv is not None and recv.dtype == operand.dtype:
         if operand is not recv:

@@ -179,6 +179,23 @@ class ProcessGroup:
         self._queue.run_inline(seq, planned, buffers, None)
         return True
 
+    @property
+    def issued(self) -> int:
+        """How many collectives this rank has issued on the group (the next is number ``issued + 1``)."""
+        return self._seq
+
+    def refused(self, collective: str, reason: str, issued: int) -> None:
+        """This rank refused its arguments to ``collective`` before issuing it: tell the peers, so that one
+        waiting in that call raises :class:`Mismatch` naming this rank, the call and ``reason`` instead
+        of waiting to its deadline. No number is consumed, so where every rank refused alike the group
+        stays usable. ``issued``: :attr:`issued` before the call began; if a call was issued since, the
+        refusal is not of the call the peers wait in, and nothing is told."""
+        with self._lock:
+            if issued != self._seq or not self._life.usable:
+                return
+            seq = self._seq + 1
+        self._health.refused(seq, f"{collective}: {reason}")
+
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
         """The algorithm a call of ``nbytes`` runs (see :meth:`.choice.Choice.algorithm_for`)."""
@@ -258,7 +275,7 @@ class ProcessGroup:
         if self._life.failure is not None:
             raise self._life.broken()
         call = planned.call
-        self._health.started = (seq, call)
+        self._health.begin(seq, call)
         try:
             planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
         except Interrupted as exc:
