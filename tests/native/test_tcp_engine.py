@@ -216,6 +216,16 @@ def _gives_up(rank, size):
     return "returned"
 
 
+def _mismatch_then_exit(rank, size):
+    """As _mismatch, but the rank that fails exits at once, leaving no thread of its own time to run."""
+    try:
+        return _mismatch(rank, size)
+    except dist.Mismatch:
+        if rank == 0:  # the rank that sees rank 1's count first
+            os._exit(7)
+        raise
+
+
 def _late(rank, size):
     dist.all_reduce(np.ones(10, np.float32))
     if rank == 1:
@@ -225,15 +235,41 @@ def _late(rank, size):
     return "returned"
 
 
-@pytest.mark.parametrize("scenario,size", [(_mismatch, 2), pytest.param(_mismatch, 3, marks=engines.RESET_RACE),
-                                           pytest.param(_gives_up, 4, marks=engines.RESET_RACE),
-                                           (_late, 2)])
+@pytest.mark.parametrize("scenario,size", [(_mismatch, 2), (_mismatch, 3), (_gives_up, 4), (_late, 2)])
 def test_failures_read_the_same_on_both_engines(scenario, size):
     timeout = 2.0 if scenario is _late else 30.0
     python = _failure(scenario, size, "python", timeout)
     native = _failure(scenario, size, "native", timeout)
     assert native == python
     assert all(r != "returned" for rank, r in enumerate(python) if not (scenario is _late and rank == 1))
+    if scenario is not _late:  # every rank heard the ABORT of the first to fail, none a bare reset
+        assert all("aborted" in r[2] or "different collective" in r[2] for r in python), python
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_a_rank_that_exits_on_its_error_has_told_its_peers(engine):
+    outcomes = _failure(_mismatch_then_exit, 3, engine)
+    assert outcomes[0] == ("killed", 7)
+    for kind, name, message in outcomes[1:]:
+        assert name == "Mismatch" and "rank 0 aborted: Mismatch" in message, outcomes
+
+
+def test_an_abort_is_on_the_wire_when_it_returns(monkeypatch):
+    """What the sockets take leaves in the caller's thread: the thread that sends the rest (here one that
+    does nothing, as one the process exits before) is not needed for an ABORT to reach the peer."""
+    from allreduce.transport import tcp as tcp_transport
+
+    monkeypatch.setattr(tcp_transport, "_drain", lambda links, deadline: None)
+    ours, theirs = socket.socketpair()
+    try:
+        transport = TcpTransport(0, 2, {1: ours})
+        transport.abort("Mismatch: rank 0 saw it first")
+        transport.close()
+        theirs.setblocking(False)
+        assert theirs.recv(1 << 16) == wire.abort_frame("Mismatch: rank 0 saw it first")
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def _dies(rank, size):

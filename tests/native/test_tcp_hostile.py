@@ -108,6 +108,38 @@ def test_an_abort_comes_back_with_its_reason():
     assert why[0] == tcp.RUN_ABORT and why[3] == b"rank 1 ran out of memory"
 
 
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (a reset needs TCP: a socket pair only ends)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    return mine, theirs
+
+
+@pytest.mark.parametrize("sends,receives", [(True, False), (False, True), (True, True)])
+def test_an_abort_before_a_reset_wins_over_the_reset(sends, receives):
+    """The peer sends its ABORT and resets the link (closes with unread data, or SO_LINGER 0, as a rank
+    that exits on its error may) before this rank's step sends or receives: the ABORT is the failure."""
+    words = [1, 0, 0, int(sends), int(receives)]
+    words += [1, 0, 0, COUNT * 4] if sends else []
+    words += [1, 0, 0, COUNT * 4, -1, 0, -1, 0] if receives else []
+    mine, theirs = _tcp_pair()
+    try:
+        template = wire.encode(EXPECTED._replace(seq=0, nbytes=0))
+        plan = tcp.Plan([-1, mine.fileno()], struct.pack(f"<{len(words)}q", *words), template, 3, 4, 0, 11,
+                        lambda *args: None)
+        plan.bind((np.zeros(COUNT, np.float32),))
+        theirs.sendall(wire.abort_frame("rank 1 gave up"))
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()  # a reset, after the ABORT's bytes
+        mine.setblocking(False)
+        why = plan.run({"data": np.ones(COUNT, np.float32)}, SEQ, 5.0, None, 1.0)
+        assert why is not None and why[:4] == (tcp.RUN_ABORT, 0, 1, b"rank 1 gave up"), why
+    finally:
+        mine.close()
+        theirs.close()
+
+
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed: `make fuzz-frames` needs it")
 def test_the_parser_survives_a_few_seconds_of_libfuzzer():
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # `make asan` preloads gcc's ASan, not clang's
