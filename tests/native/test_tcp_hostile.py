@@ -5,7 +5,9 @@ pair while the test writes at the other: random bytes, headers cut short, header
 size, ABORTs whose reason is cut or claims more than the limit, a right header with too little
 payload, then the link closed or left open. Every run must come back with a failure the Python
 side can word (a header, an ABORT, a lost link, a deadline) or, for the one right frame, with the
-payload in place. The frame parser alone runs for a few seconds under libFuzzer (``make fuzz-frames``).
+payload in place. A peer that sends its ABORT and then resets the link is heard as the ABORT, whether
+the step sends to it, receives from it or both. The frame parser alone runs for a few seconds under
+libFuzzer (``make fuzz-frames``).
 """
 
 from __future__ import annotations
