@@ -179,14 +179,28 @@ def test_both_engines_in_one_group_every_collective(size):
     assert all((planned > 0) == (rank % 2 == 0) for rank, (_, planned) in enumerate(results))
 
 
+def _large(count: int, dtype, rank: int) -> np.ndarray:
+    """Rank ``rank``'s input of a large case: small integers (exact in every dtype), varying along the array."""
+    values = (np.arange(count) * (rank + 3)) % 7 - 2
+    return (values + 1j * (rank - 1)).astype(dtype) if np.dtype(dtype).kind == "c" else values.astype(dtype)
+
+
+# Segments larger than the compiled engine's staging ring (native._tcp.STAGE_RING), in many laps and a
+# part; a byte dtype's SUM wraps around; complex PRODUCT has no compiled kernel (numpy's, called back).
+LARGE = [(1 << 16, np.float64, "SUM"), ((1 << 20) + 3, np.float64, "SUM"), (3 << 20, np.float64, "SUM"),
+         ((1 << 21) + 5, np.int8, "SUM"), ((1 << 18) + 7, np.complex128, "PRODUCT")]
+
+
 def test_large_segments_reduce_as_they_arrive_on_both_engines():
     def body(rank, size):
         wrong = []
-        for count in (1 << 16, (1 << 20) + 3, 3 << 20):
-            x = np.arange(count, dtype=np.float64) * (rank + 1)
-            dist.all_reduce(x)
-            if not np.array_equal(x, np.arange(count, dtype=np.float64) * sum(range(1, size + 1))):
-                wrong.append(count)
+        for count, dtype, op in LARGE:
+            x = _large(count, dtype, rank)
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+            inputs = [_large(count, dtype, r) for r in range(size)]
+            want = np.sum(inputs, axis=0, dtype=dtype) if op == "SUM" else np.prod(inputs, axis=0, dtype=dtype)
+            if not np.array_equal(x, want):
+                wrong.append((count, np.dtype(dtype).name, op))
         return wrong
 
     results = run_ranks(_mixed(body), 3, init=False, deadline=240)

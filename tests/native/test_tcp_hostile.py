@@ -17,6 +17,8 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -108,6 +110,36 @@ def test_the_expected_frame_lands_in_place_or_reduced():
 def test_an_abort_comes_back_with_its_reason():
     why, _ = _run(wire.abort_frame("rank 1 ran out of memory"), True, False)
     assert why[0] == tcp.RUN_ABORT and why[3] == b"rank 1 ran out of memory"
+
+
+@pytest.mark.parametrize("piece", [4093, 65537])
+def test_a_segment_larger_than_the_staging_ring_arriving_in_pieces_is_reduced_whole(piece):
+    """The reducing receive folds through a ring of STAGE_RING bytes: pieces that end anywhere (mid-element
+    too) and a segment that is laps and a part of the ring must still reduce every element once."""
+    count = (tcp.STAGE_RING * 5) // 4 + 3  # float32 elements: five laps of the ring and a part
+    header = wire.encode(EXPECTED._replace(count=count, nbytes=count * 4))
+    words = [1, 0, 0, 0, 1, 1, 0, 0, count * 4, 0, 0, 2, 0]
+    mine, theirs = socket.socketpair()
+    try:
+        plan = tcp.Plan([-1, mine.fileno()], struct.pack(f"<{len(words)}q", *words),
+                        wire.encode(EXPECTED._replace(seq=0, nbytes=0, count=count)), 3, 4, 0, 11, lambda *args: None)
+        plan.bind((np.zeros(tcp.STAGE_RING, np.uint8),))  # the ring, no more: a wrap past it is refused
+        mine.setblocking(False)
+        payload = np.arange(count, dtype=np.float32) % 1000
+        frame = header + payload.tobytes()
+        out = np.full(count, 0.5, np.float32)
+        outcome = []
+        reader = threading.Thread(target=lambda: outcome.append(plan.run({"data": out}, SEQ, 30.0, None, 1.0)))
+        reader.start()
+        for at in range(0, len(frame), piece):
+            theirs.sendall(frame[at:at + piece])
+            time.sleep(0.0002)  # the reader takes each piece alone, mostly
+        reader.join(60)
+        assert outcome == [None]
+        assert out.tobytes() == (payload + np.float32(0.5)).tobytes()
+    finally:
+        mine.close()
+        theirs.close()
 
 
 def _tcp_pair() -> tuple[socket.socket, socket.socket]:
