@@ -324,8 +324,9 @@ class TcpTransport(Transport):
             link.end_frame()
             link.push(frame)
             try:
+                link.sock.setblocking(False)  # never waits here: read_abort_reason may have left a timeout
                 link.send_some()  # at once: the caller may exit before another thread runs
-            except AllreduceError:
+            except (AllreduceError, OSError):
                 pass  # the peer is gone: nothing to tell it
         self._closing = threading.Thread(target=_drain, args=(links, time.monotonic() + ABORT_S),
                                          name="allreduce-tcp-abort")  # not a daemon: exit waits (ABORT_S at most)
