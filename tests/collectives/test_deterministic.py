@@ -170,9 +170,7 @@ def _only_rank_0_deterministic(rank: int, size: int) -> None:
     dist.all_reduce(order_sensitive(np.dtype(np.float32), 1000, rank))
 
 
-def test_ranks_that_disagree_on_the_mode_fail_with_mismatch(engine, request):
-    if engine == "native":
-        request.applymarker(engines.RESET_RACE)
+def test_ranks_that_disagree_on_the_mode_fail_with_mismatch():
     results = run_ranks(_only_rank_0_deterministic, 3, timeout=10, expect_errors=True,
                         env={"ALLREDUCE_TRANSPORT": "tcp"})
     assert [r[:2] for r in results] == [("error", "Mismatch")] * 3, results

@@ -179,14 +179,28 @@ def test_both_engines_in_one_group_every_collective(size):
     assert all((planned > 0) == (rank % 2 == 0) for rank, (_, planned) in enumerate(results))
 
 
+def _large(count: int, dtype, rank: int) -> np.ndarray:
+    """Rank ``rank``'s input of a large case: small integers (exact in every dtype), varying along the array."""
+    values = (np.arange(count) * (rank + 3)) % 7 - 2
+    return (values + 1j * (rank - 1)).astype(dtype) if np.dtype(dtype).kind == "c" else values.astype(dtype)
+
+
+# Segments larger than the compiled engine's staging ring (native._tcp.STAGE_RING), in many laps and a
+# part; a byte dtype's SUM wraps around; complex PRODUCT has no compiled kernel (numpy's, called back).
+LARGE = [(1 << 16, np.float64, "SUM"), ((1 << 20) + 3, np.float64, "SUM"), (3 << 20, np.float64, "SUM"),
+         ((1 << 21) + 5, np.int8, "SUM"), ((1 << 18) + 7, np.complex128, "PRODUCT")]
+
+
 def test_large_segments_reduce_as_they_arrive_on_both_engines():
     def body(rank, size):
         wrong = []
-        for count in (1 << 16, (1 << 20) + 3, 3 << 20):
-            x = np.arange(count, dtype=np.float64) * (rank + 1)
-            dist.all_reduce(x)
-            if not np.array_equal(x, np.arange(count, dtype=np.float64) * sum(range(1, size + 1))):
-                wrong.append(count)
+        for count, dtype, op in LARGE:
+            x = _large(count, dtype, rank)
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+            inputs = [_large(count, dtype, r) for r in range(size)]
+            want = np.sum(inputs, axis=0, dtype=dtype) if op == "SUM" else np.prod(inputs, axis=0, dtype=dtype)
+            if not np.array_equal(x, want):
+                wrong.append((count, np.dtype(dtype).name, op))
         return wrong
 
     results = run_ranks(_mixed(body), 3, init=False, deadline=240)
@@ -216,6 +230,16 @@ def _gives_up(rank, size):
     return "returned"
 
 
+def _mismatch_then_exit(rank, size):
+    """As _mismatch, but the rank that fails exits at once, leaving no thread of its own time to run."""
+    try:
+        return _mismatch(rank, size)
+    except dist.Mismatch:
+        if rank == 0:  # the rank that sees rank 1's count first
+            os._exit(7)
+        raise
+
+
 def _late(rank, size):
     dist.all_reduce(np.ones(10, np.float32))
     if rank == 1:
@@ -225,15 +249,41 @@ def _late(rank, size):
     return "returned"
 
 
-@pytest.mark.parametrize("scenario,size", [(_mismatch, 2), pytest.param(_mismatch, 3, marks=engines.RESET_RACE),
-                                           pytest.param(_gives_up, 4, marks=engines.RESET_RACE),
-                                           (_late, 2)])
+@pytest.mark.parametrize("scenario,size", [(_mismatch, 2), (_mismatch, 3), (_gives_up, 4), (_late, 2)])
 def test_failures_read_the_same_on_both_engines(scenario, size):
     timeout = 2.0 if scenario is _late else 30.0
     python = _failure(scenario, size, "python", timeout)
     native = _failure(scenario, size, "native", timeout)
     assert native == python
     assert all(r != "returned" for rank, r in enumerate(python) if not (scenario is _late and rank == 1))
+    if scenario is not _late:  # every rank heard the ABORT of the first to fail, none a bare reset
+        assert all("aborted" in r[2] or "different collective" in r[2] for r in python), python
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_a_rank_that_exits_on_its_error_has_told_its_peers(engine):
+    outcomes = _failure(_mismatch_then_exit, 3, engine)
+    assert outcomes[0] == ("killed", 7)
+    for kind, name, message in outcomes[1:]:
+        assert name == "Mismatch" and "rank 0 aborted: Mismatch" in message, outcomes
+
+
+def test_an_abort_is_on_the_wire_when_it_returns(monkeypatch):
+    """What the sockets take leaves in the caller's thread: the thread that sends the rest (here one that
+    does nothing, as one the process exits before) is not needed for an ABORT to reach the peer."""
+    from allreduce.transport import tcp as tcp_transport
+
+    monkeypatch.setattr(tcp_transport, "_drain", lambda links, deadline: None)
+    ours, theirs = socket.socketpair()
+    try:
+        transport = TcpTransport(0, 2, {1: ours})
+        transport.abort("Mismatch: rank 0 saw it first")
+        transport.close()
+        theirs.setblocking(False)
+        assert theirs.recv(1 << 16) == wire.abort_frame("Mismatch: rank 0 saw it first")
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def _dies(rank, size):

@@ -5,7 +5,9 @@ pair while the test writes at the other: random bytes, headers cut short, header
 size, ABORTs whose reason is cut or claims more than the limit, a right header with too little
 payload, then the link closed or left open. Every run must come back with a failure the Python
 side can word (a header, an ABORT, a lost link, a deadline) or, for the one right frame, with the
-payload in place. The frame parser alone runs for a few seconds under libFuzzer (``make fuzz-frames``).
+payload in place. A peer that sends its ABORT and then resets the link is heard as the ABORT, whether
+the step sends to it, receives from it or both. The frame parser alone runs for a few seconds under
+libFuzzer (``make fuzz-frames``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -106,6 +110,68 @@ def test_the_expected_frame_lands_in_place_or_reduced():
 def test_an_abort_comes_back_with_its_reason():
     why, _ = _run(wire.abort_frame("rank 1 ran out of memory"), True, False)
     assert why[0] == tcp.RUN_ABORT and why[3] == b"rank 1 ran out of memory"
+
+
+@pytest.mark.parametrize("piece", [4093, 65537])
+def test_a_segment_larger_than_the_staging_ring_arriving_in_pieces_is_reduced_whole(piece):
+    """The reducing receive folds through a ring of STAGE_RING bytes: pieces that end anywhere (mid-element
+    too) and a segment that is laps and a part of the ring must still reduce every element once."""
+    count = (tcp.STAGE_RING * 5) // 4 + 3  # float32 elements: five laps of the ring and a part
+    header = wire.encode(EXPECTED._replace(count=count, nbytes=count * 4))
+    words = [1, 0, 0, 0, 1, 1, 0, 0, count * 4, 0, 0, 2, 0]
+    mine, theirs = socket.socketpair()
+    try:
+        plan = tcp.Plan([-1, mine.fileno()], struct.pack(f"<{len(words)}q", *words),
+                        wire.encode(EXPECTED._replace(seq=0, nbytes=0, count=count)), 3, 4, 0, 11, lambda *args: None)
+        plan.bind((np.zeros(tcp.STAGE_RING, np.uint8),))  # the ring, no more: a wrap past it is refused
+        mine.setblocking(False)
+        payload = np.arange(count, dtype=np.float32) % 1000
+        frame = header + payload.tobytes()
+        out = np.full(count, 0.5, np.float32)
+        outcome = []
+        reader = threading.Thread(target=lambda: outcome.append(plan.run({"data": out}, SEQ, 30.0, None, 1.0)))
+        reader.start()
+        for at in range(0, len(frame), piece):
+            theirs.sendall(frame[at:at + piece])
+            time.sleep(0.0002)  # the reader takes each piece alone, mostly
+        reader.join(60)
+        assert outcome == [None]
+        assert out.tobytes() == (payload + np.float32(0.5)).tobytes()
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (a reset needs TCP: a socket pair only ends)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    return mine, theirs
+
+
+@pytest.mark.parametrize("sends,receives", [(True, False), (False, True), (True, True)])
+def test_an_abort_before_a_reset_wins_over_the_reset(sends, receives):
+    """The peer sends its ABORT and resets the link (closes with unread data, or SO_LINGER 0, as a rank
+    that exits on its error may) before this rank's step sends or receives: the ABORT is the failure."""
+    words = [1, 0, 0, int(sends), int(receives)]
+    words += [1, 0, 0, COUNT * 4] if sends else []
+    words += [1, 0, 0, COUNT * 4, -1, 0, -1, 0] if receives else []
+    mine, theirs = _tcp_pair()
+    try:
+        template = wire.encode(EXPECTED._replace(seq=0, nbytes=0))
+        plan = tcp.Plan([-1, mine.fileno()], struct.pack(f"<{len(words)}q", *words), template, 3, 4, 0, 11,
+                        lambda *args: None)
+        plan.bind((np.zeros(COUNT, np.float32),))
+        theirs.sendall(wire.abort_frame("rank 1 gave up"))
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()  # a reset, after the ABORT's bytes
+        mine.setblocking(False)
+        why = plan.run({"data": np.ones(COUNT, np.float32)}, SEQ, 5.0, None, 1.0)
+        assert why is not None and why[:4] == (tcp.RUN_ABORT, 0, 1, b"rank 1 gave up"), why
+    finally:
+        mine.close()
+        theirs.close()
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed: `make fuzz-frames` needs it")

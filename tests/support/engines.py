@@ -14,11 +14,6 @@ from allreduce import native
 
 NAMES = ("python", "native")
 BOTH = pytest.mark.engines(*NAMES)
-# A known defect of the compiled TCP engine, marked where a test meets it (not strict: it passes most runs).
-RESET_RACE = pytest.mark.xfail(strict=False, reason="compiled TCP engine: under load a third rank can read the "
-                               "connection reset of the rank that aborted before its ABORT frame, and reports "
-                               "the reset (naming that rank, and its failure where the store has it) instead of the "
-                               "ABORT's words")
 
 
 def only(*names: str):

@@ -63,7 +63,7 @@ class NativeScheduled:
     def __init__(self, engine: NativeTcpEngine, call: Call, schedule: Schedule):
         self.engine, self.call, self.schedule = engine, call, schedule
         self.ufunc = kernel(call.op, call.dtype)
-        program, self._stages = _compiled(steps_of(schedule), call.dtype.itemsize)
+        program, self._stages = _compiled(steps_of(schedule), call.dtype.itemsize, engine.module.STAGE_RING)
         self._tmp = schedule.tmp * call.dtype.itemsize
         template = wire.encode(call.headers(0)(0, 0))
         self._plan = engine.module.Plan(engine.descriptors, program, template, len(_BUFFERS) + len(self._stages),
@@ -110,9 +110,11 @@ class NativeScheduled:
         return error
 
 
-def _compiled(steps: tuple, itemsize: int) -> tuple[bytes, list[int]]:
+def _compiled(steps: tuple, itemsize: int, ring: int) -> tuple[bytes, list[int]]:
     """The program ``_tcp.Plan`` reads (int64s: steps, each its index and counts, then its copies, sends
-    and receives as buffer indices and byte spans) and the bytes each staging buffer needs."""
+    and receives as buffer indices and byte spans) and the bytes each staging buffer needs: a receive
+    folded as it arrives goes through a ring of at most ``ring`` bytes, one folded after its step
+    (``later``) is staged whole."""
     stages: list[int] = []
     words = [len(steps)]
 
@@ -132,7 +134,8 @@ def _compiled(steps: tuple, itemsize: int) -> tuple[bytes, list[int]]:
             if acc is not None:
                 while slot >= len(stages):
                     stages.append(0)
-                stages[slot] = max(stages[slot], dst.count * itemsize)
+                nbytes = dst.count * itemsize
+                stages[slot] = max(stages[slot], nbytes if later else min(nbytes, ring))
                 stage = len(_BUFFERS) + slot
             words += (peer, *span(dst), dst.count * itemsize, *span(acc), stage, int(later))
     return struct.pack(f"<{len(words)}q", *words), stages

@@ -141,6 +141,8 @@ static int parse_program(PlanObject *p, reader *rd, const int *fds, int nfds, co
             op->stage = (int)next(rd, -1, p->nbuffers - 1);
             op->later = (int)next(rd, 0, 1);
             op->reduce = op->acc.buf >= 0;
+            op->ring = op->later || op->dst.len < STAGE_RING ? op->dst.len : STAGE_RING;
+            if (op->ring == 0) op->ring = 1;  /* an empty segment: nothing lands, nothing wraps */
             if (rd->bad || fds[op->peer] < 0 || (op->reduce && op->stage < 0)) return rd->bad = 1, 0;
             memcpy(op->want, template, AR_HEADER_SIZE);
             ar_header_stamp(op->want, st->index, 0, (uint64_t)op->dst.len);
@@ -236,7 +238,7 @@ static int spans_fit(PlanObject *p, run_t *r, const int *writable) {
             if (!FITS(st->sends[i].src)) return 0;
         for (int i = 0; i < st->nrecvs; i++) {
             recv_op *op = &st->recvs[i];
-            span stage = {op->stage, 0, op->dst.len};
+            span stage = {op->stage, 0, op->ring};
             if (!FITS(op->dst) || !FITS(op->acc) || !WRITES(op->dst) || (op->reduce && (!FITS(stage) ||
                                                                                       !WRITES(stage))))
                 return 0;
@@ -445,7 +447,7 @@ PyMODINIT_FUNC PyInit__tcp(void) {
     if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0 ||
         PyModule_AddIntConstant(m, "RUN_TIMEOUT", RUN_TIMEOUT) < 0 || PyModule_AddIntConstant(m, "RUN_LOST", RUN_LOST) < 0 ||
         PyModule_AddIntConstant(m, "RUN_HEADER", RUN_HEADER) < 0 || PyModule_AddIntConstant(m, "RUN_ABORT", RUN_ABORT) < 0 ||
-        PyModule_AddIntConstant(m, "RUN_SEND", RUN_SEND) < 0 ||
+        PyModule_AddIntConstant(m, "RUN_SEND", RUN_SEND) < 0 || PyModule_AddIntConstant(m, "STAGE_RING", STAGE_RING) < 0 ||
         PyModule_AddIntConstant(m, "RUN_EXCEPTION", RUN_EXCEPTION) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -193,13 +193,15 @@ static int lost(run_t *r, link_plan *lp, int err) {
     return -1;
 }
 
-/* Fold what has arrived of a reducing receive, a block at a time (all of it once complete). */
+/* Fold what has arrived of a reducing receive, a block at a time (all of it once complete, and all
+ * of it before the ring wraps: payload byte ``i`` lands at ``i % ring`` of the stage, and a read
+ * never crosses the ring's end, so what is not yet folded lies in one piece). */
 static int fold_arrived(run_t *r, recv_op *op, link_state *ls) {
     if (!op->reduce || op->later) return 0;
     Py_ssize_t ready = (Py_ssize_t)ls->got / r->plan->itemsize * r->plan->itemsize;
     Py_ssize_t done = (Py_ssize_t)ls->folded;
-    if (ready == op->dst.len || ready - done >= REDUCE_BLOCK) {
-        span stage = {op->stage, 0, op->dst.len};
+    if (ready == op->dst.len || ready - done >= REDUCE_BLOCK || (ready > done && ready % op->ring == 0)) {
+        span stage = {op->stage, done % op->ring - done, op->ring};  /* fold() adds ``done`` back */
         if (fold(r, op->acc, stage, op->dst, done, ready - done) < 0) return -1;
         ls->folded = (size_t)ready;
     }
@@ -243,7 +245,12 @@ static int recv_some(run_t *r, step_plan *st, link_plan *lp, link_state *ls) {
             if (ls->got && fold_arrived(r, op, ls) < 0) return -1;
         }
         while (ls->got < size) {
-            ssize_t n = recv(lp->fd, dest + ls->got, size - ls->got, MSG_DONTWAIT);
+            size_t at = ls->got, want = size - at;
+            if (op->reduce) {  /* into the ring, up to its end */
+                at %= (size_t)op->ring;
+                if (want > (size_t)op->ring - at) want = (size_t)op->ring - at;
+            }
+            ssize_t n = recv(lp->fd, dest + at, want, MSG_DONTWAIT);
             if (n == 0) return lost(r, lp, 0);
             if (n < 0) {
                 if (errno == EINTR) continue;

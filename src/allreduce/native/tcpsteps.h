@@ -15,6 +15,7 @@
 
 #define SMALL_FRAME (1 << 16)   /* payloads up to this size are read together with their header */
 #define REDUCE_BLOCK (1 << 16)  /* bytes folded at a time while a segment is still arriving */
+#define STAGE_RING (1 << 18)    /* a reducing receive folded as it arrives lands in a ring this size */
 #define IOV_MAX_SEND 64         /* buffers per sendmsg */
 #define SIGNAL_S 0.1            /* the longest wait between two looks at pending signals */
 #define SPIN_SCORE 4            /* spin while the score (tcpsteps.c: may_spin) is at least this */
@@ -32,6 +33,7 @@ typedef struct {
     int peer;
     span dst, acc;  /* where the segment goes; with ``reduce``, dst = acc (op) segment */
     int reduce, later, stage;  /* staging buffer of a reducing receive; ``later``: folded after the step */
+    Py_ssize_t ring;  /* bytes of the stage: the whole segment where ``later``, else at most STAGE_RING */
     uint8_t want[AR_HEADER_SIZE];
 } recv_op;
 

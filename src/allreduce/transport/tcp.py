@@ -22,9 +22,11 @@ A rank that gives up tells every peer why with an ABORT frame, so that an error 
 rank that failed first. A frame half sent is finished first (its receiver could not find the ABORT
 inside it; it is copied, so the caller's buffer is theirs again at once), and the links close only
 once what was queued has been taken by the peer, or after :data:`ABORT_S`: closing with unread data
-resets a link and throws away what it had not yet sent. That wait happens on a short-lived thread,
-so the error reaches the caller without it; :meth:`TcpTransport.close` (destroying the group) waits
-for it. A rank whose send fails on a reset link reads the ABORT that may wait unread before it
+resets a link and throws away what it had not yet sent. The frames go out at once, as far as the
+sockets take them, and what they did not take is sent on a short-lived thread, so the error reaches
+the caller without waiting for it; :meth:`TcpTransport.close` (destroying the group) and the
+interpreter's exit wait for that thread, so a program that exits on the error still tells its
+peers. A rank whose send fails on a reset link reads the ABORT that may wait unread before it
 reports the loss.
 """
 
@@ -321,8 +323,13 @@ class TcpTransport(Transport):
             link.inq.clear()
             link.end_frame()
             link.push(frame)
-        self._closing = threading.Thread(target=_drain, args=(links, time.monotonic() + ABORT_S), daemon=True,
-                                         name="allreduce-tcp-abort")
+            try:
+                link.sock.setblocking(False)  # never waits here: read_abort_reason may have left a timeout
+                link.send_some()  # at once: the caller may exit before another thread runs
+            except (AllreduceError, OSError):
+                pass  # the peer is gone: nothing to tell it
+        self._closing = threading.Thread(target=_drain, args=(links, time.monotonic() + ABORT_S),
+                                         name="allreduce-tcp-abort")  # not a daemon: exit waits (ABORT_S at most)
         self._closing.start()
 
     def close(self) -> None:
