@@ -44,11 +44,11 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     """
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
-        # a shape this group ran before (checked, planned, no AVG to finish): straight to its planned call
+        # a shape this group ran before (checked, planned, no AVG to finish): straight to its shortcut
         known = g.shortcuts.get((tensor.dtype, tensor.size, op))
         if known is not None and known[0] == determinism.epoch:
             flags = tensor.flags
-            if flags.c_contiguous and flags.writeable and g.run_planned(known[1], {"data": tensor}):
+            if flags.c_contiguous and flags.writeable and known[1](tensor):
                 return None
     arr = as_array(tensor)
     op = checked_op(op, arr.dtype)

@@ -50,13 +50,31 @@ class NativePlan:
         python = self.engine.python
         number = python.numbered + 1  # the next line numbers (LinesEngine.take, inlined)
         python.numbered += self.numbers
-        data, out = buffers.get("data"), buffers.get("out")
         try:
-            state = self.native.run(number, seq, data, out, float(timeout), self.slice)
-            if state:
-                self._settle(state, data, out, idle, idle_every)
+            state = self.native.run(number, seq, buffers.get("data"), buffers.get("out"), float(timeout), self.slice)
+        except BaseException as exc:  # resume words it, as it does a shortcut's
+            state = exc
+        self.resume(state, buffers, seq, timeout, idle, idle_every)
+
+    def resume(self, outcome: int | BaseException, buffers: dict[str, np.ndarray], seq: int, timeout: float,
+               idle=None, idle_every: float = 1.0) -> None:
+        """Go on with run ``seq`` from what the compiled run returned (``WAITING``, ``MISMATCH``, ``DONE``)
+        or raised, as :meth:`run` does: the shortcut's run hands its endings here."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome:
+                self._settle(outcome, buffers.get("data"), buffers.get("out"), idle, idle_every)
         except BaseException as exc:
             raise reworded(exc, self._where % seq, timeout) from exc
+
+    def shortcut(self, timeout: float, lock, queue, claims, life, health, resume):
+        """The compiled shortcut of a blocking all-reduce of this shape (see ``_lines.c``'s Shortcut): it
+        claims ``queue`` for the calling thread under ``claims``' rule while ``life`` is usable and nobody
+        holds ``lock``, numbers the call (``queue.issued``), records it in ``health.started``, takes its line
+        numbers and runs it, handing any ending but the plain one to ``resume(seq, data, outcome)``."""
+        return self.native.shortcut(self.engine.python, self.numbers, self.call, float(timeout), self.slice, lock,
+                                    queue, claims, life, health, resume)
 
     def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
         """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each

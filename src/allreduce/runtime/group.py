@@ -32,6 +32,7 @@ from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
+from ..engines.native_lines import NativePlan
 from ..planner import determinism
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
@@ -90,9 +91,8 @@ class ProcessGroup:
         self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}")
         self._claims = Claims(rank, size, name, self._queue)
         self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
-        self._seq = 0
-        # (dtype, count, op) -> (determinism.epoch, planned): blocking all-reduces of a shape already run,
-        # which calls.py takes straight to run_planned (see there)
+        # (dtype, count, op) -> (determinism.epoch, shortcut, planned): blocking all-reduces of a shape
+        # already run, which calls.py hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
         self.shortcuts: dict[tuple, tuple] = {}
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
@@ -152,9 +152,9 @@ class ProcessGroup:
             planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
                                            request.op, request.root)
             if request.collective == "all_reduce" and request.algorithm is None and request.after is None:
-                self.shortcuts[(request.dtype, request.count, request.op)] = (determinism.epoch, planned)
-            self._seq += 1
-            seq = self._seq
+                self._remember(request, planned)
+            self._queue.issued += 1
+            seq = self._queue.issued
             if self._queue.inline(async_op):
                 job = None
             else:
@@ -174,10 +174,30 @@ class ProcessGroup:
         with self._lock:
             if not self._life.usable or not self._claims.idle_claim(threading.get_ident()):
                 return False
-            self._seq += 1
-            seq = self._seq
+            self._queue.issued += 1
+            seq = self._queue.issued
         self._queue.run_inline(seq, planned, buffers, None)
         return True
+
+    def _remember(self, request: Request, planned) -> None:
+        """Keep the shortcut of a blocking all-reduce's shape (with the lock held; see :meth:`shortcut`)."""
+        key = (request.dtype, request.count, request.op)
+        known = self.shortcuts.get(key)
+        if known is None or known[2] is not planned or known[0] != determinism.epoch:
+            self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
+
+    def shortcut(self, planned):
+        """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``,
+        with its guarantees (``False``, nothing done, where the general path must take the call). A plan of the
+        compiled lines gets one in C (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers
+        and runs the call in one call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
+        if isinstance(planned, NativePlan):
+            def resume(seq: int, data: np.ndarray, outcome) -> None:
+                self._queue.run_inline(seq, planned, {"data": data}, None, outcome)
+
+            return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
+                                    resume)
+        return lambda data: self.run_planned(planned, {"data": data})
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
@@ -253,14 +273,19 @@ class ProcessGroup:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _execute(self, seq: int, planned, buffers: dict, after) -> None:
-        """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it."""
-        if self._life.failure is not None:
-            raise self._life.broken()
+    def _execute(self, seq: int, planned, buffers: dict, after, begun=None) -> None:
+        """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it; or go on
+        with a run a compiled shortcut ``begun`` (claimed, numbered and recorded as started already)."""
         call = planned.call
-        self._health.started = (seq, call)
+        if begun is None:
+            if self._life.failure is not None:
+                raise self._life.broken()
+            self._health.started = (seq, call)
         try:
-            planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+            if begun is None:
+                planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+            else:
+                planned.resume(begun, buffers, seq, self.timeout, self._health.inspect, self._health.interval)
         except Interrupted as exc:
             self._fail(exc, seq, call)
             raise exc.__cause__ from None  # the caller's own exception, as it was raised
