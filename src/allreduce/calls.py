@@ -45,11 +45,8 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
         # a shape this group ran before (checked, planned, no AVG to finish): straight to its shortcut
-        known = g.shortcuts.get((tensor.dtype, tensor.size, op))
-        if known is not None and known[0] == determinism.epoch:
-            flags = tensor.flags
-            if flags.c_contiguous and flags.writeable and known[1](tensor):
-                return None
+        if _shortcut(g.shortcuts.get((tensor.dtype, tensor.size, op)), tensor):
+            return None
     arr = as_array(tensor)
     op = checked_op(op, arr.dtype)
     data = arr if arr.ndim == 1 else flat(arr)
@@ -73,6 +70,9 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
               algorithm: str | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
     g = resolve_group(group)
+    if type(tensor) is np.ndarray and tensor.ndim == 1 and type(src) is int and not async_op and algorithm is None:
+        if _shortcut(g.shortcuts.get(("broadcast", tensor.dtype, tensor.size, src)), tensor):
+            return None
     arr = as_array(tensor)
     check_rank(src, g.size, "src")
     data = flat(arr)
@@ -180,6 +180,10 @@ def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int =
 def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = resolve_group(group)
+    if not async_op:
+        known = g.shortcuts.get(_BARRIER)
+        if known is not None and known[0] == determinism.epoch and known[1](None):
+            return None
     return g.collective(Request("barrier", {}, 0, np.dtype(np.uint8)), async_op)
 
 
@@ -260,6 +264,20 @@ def all_reduce_scalar(value: Number, op: Op = ReduceOp.SUM, group: Group = None)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+_BARRIER = ("barrier",)  # the barrier's key in ProcessGroup.shortcuts
+
+
+def _shortcut(known: tuple | None, array: np.ndarray) -> bool:
+    """Whether the remembered shape ``known`` (an entry of :attr:`ProcessGroup.shortcuts`, or ``None``)
+    ran the blocking call on ``array``, a flat array of that shape: only under the deterministic mode it
+    was planned in, on memory it may write in place, and where the group let it (else the general path
+    decides)."""
+    if known is None or known[0] != determinism.epoch:
+        return False
+    flags = array.flags
+    return flags.c_contiguous and flags.writeable and known[1](array)
+
 
 def _apart(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The flat input, copied where it overlaps ``out`` (the same array, a view, a slice of one buffer).

@@ -119,7 +119,10 @@ def _numbered_with_the_general_path(rank: int, size: int) -> str:
     dist.broadcast(np.ones(3), src=0)  # #4: the general path
     dist.all_reduce(np.ones(5, np.float64), async_op=True).wait()  # #5: the progress thread
     dist.all_reduce(x)  # #6: the shortcut again
-    try:  # #7: rank 1 calls another shape, which every rank must name
+    dist.broadcast(np.ones(3), src=0)  # #7: the broadcast's shortcut
+    dist.barrier()  # #8: the general path
+    dist.barrier()  # #9: the barrier's shortcut
+    try:  # #10: rank 1 calls another shape, which every rank must name
         dist.all_reduce(x if rank == 0 else np.ones(3, np.float32))
     except dist.Mismatch as exc:
         return str(exc)
@@ -129,7 +132,7 @@ def _numbered_with_the_general_path(rank: int, size: int) -> str:
 def test_the_shortcut_numbers_calls_with_the_general_path():
     results = run_ranks(_numbered_with_the_general_path, 2, timeout=10, expect_errors=True)
     for rank, message in enumerate(results):
-        assert f"rank {rank}/2" in message and "all_reduce #7" in message, results
+        assert f"rank {rank}/2" in message and "all_reduce #10" in message, results
     assert "rank 1" in results[0], results
 
 
@@ -240,3 +243,36 @@ def test_an_interrupted_shortcut_raises_the_callers_exception_and_breaks_the_gro
     assert later.startswith("GroupBroken") and "all_reduce #4 (lines) was interrupted by TimeoutError" in later, later
     # rank 1 may finish #4 on what rank 0 had posted, then learns of the abort at #5
     assert any(o.startswith("PeerLost") and "rank 0 aborted" in o for o in results[1]), results[1]
+
+
+def _broadcasts_and_barriers(rank: int, size: int) -> list[str]:
+    wrong, kinds = [], set()
+    g = dist.default_group()
+    for dtype in (np.float32, np.int64, np.uint8):
+        for count in SIZES:
+            for root in range(size):
+                for call in range(3):
+                    x = _inputs(rank, size, count, dtype, call)[rank]
+                    want = _inputs(root, size, count, dtype, call)[root]
+                    dist.broadcast(x, src=root)
+                    if not np.array_equal(x, want):
+                        wrong.append(f"broadcast {np.dtype(dtype).name} {count} from {root} call {call}: {x[:4]}")
+                known = g.shortcuts.get(("broadcast", np.dtype(dtype), count, root))
+                kinds.add(type(known[1]).__name__ if known else "none")
+    for call in range(3):  # a barrier waits for the last rank however it is run
+        if rank == size - 1:
+            time.sleep(0.5)
+        began = time.monotonic()
+        dist.barrier()
+        if rank == 0 and time.monotonic() - began < 0.4:
+            wrong.append(f"barrier {call} returned before the last rank came")
+    known = g.shortcuts.get(("barrier",))
+    kinds.add(type(known[1]).__name__ if known else "none")
+    return wrong + [f"shortcuts: {sorted(kinds)}"]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_remembered_broadcasts_and_barriers_take_their_shortcut(size, engine):
+    results = run_ranks(_broadcasts_and_barriers, size)
+    kind = "Shortcut" if engine == "native" else "function"
+    assert results == [[f"shortcuts: ['{kind}']"]] * size, results

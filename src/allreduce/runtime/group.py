@@ -50,6 +50,25 @@ from .request import Request
 _groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned in a fork() child
 
 
+def _shortcut_key(request: Request) -> tuple | None:
+    """The key under which :attr:`ProcessGroup.shortcuts` keeps ``request``'s shape, or ``None`` for a
+    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one)."""
+    if request.algorithm is not None or request.after is not None:
+        return None
+    if request.collective == "all_reduce":
+        return request.dtype, request.count, request.op
+    if request.collective == "broadcast":
+        return "broadcast", request.dtype, request.count, request.root
+    if request.collective == "barrier":
+        return ("barrier",)
+    return None
+
+
+def _buffers(data: np.ndarray | None) -> dict:
+    """A shortcut's buffers: the one array, or none (a barrier)."""
+    return {} if data is None else {"data": data}
+
+
 def _disown_in_child() -> None:
     for group in list(_groups):
         group.disown()
@@ -91,8 +110,9 @@ class ProcessGroup:
         self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}")
         self._claims = Claims(rank, size, name, self._queue)
         self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
-        # (dtype, count, op) -> (determinism.epoch, shortcut, planned): blocking all-reduces of a shape
-        # already run, which calls.py hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
+        # (dtype, count, op) for an all-reduce, ("broadcast", dtype, count, root), ("barrier",) ->
+        # (determinism.epoch, shortcut, planned): blocking calls of a shape already run, which calls.py
+        # hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
         self.shortcuts: dict[tuple, tuple] = {}
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
@@ -151,8 +171,9 @@ class ProcessGroup:
                 raise self._life.refusal()
             planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
                                            request.op, request.root)
-            if request.collective == "all_reduce" and request.algorithm is None and request.after is None:
-                self._remember(request, planned)
+            key = _shortcut_key(request)
+            if key is not None:
+                self._remember(key, planned)
             self._queue.issued += 1
             seq = self._queue.issued
             if self._queue.inline(async_op):
@@ -179,25 +200,25 @@ class ProcessGroup:
         self._queue.run_inline(seq, planned, buffers, None)
         return True
 
-    def _remember(self, request: Request, planned) -> None:
-        """Keep the shortcut of a blocking all-reduce's shape (with the lock held; see :meth:`shortcut`)."""
-        key = (request.dtype, request.count, request.op)
+    def _remember(self, key: tuple, planned) -> None:
+        """Keep the shortcut of a call's shape under ``key`` (with the lock held; see :meth:`shortcut`)."""
         known = self.shortcuts.get(key)
         if known is None or known[2] is not planned or known[0] != determinism.epoch:
             self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
 
     def shortcut(self, planned):
-        """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``,
-        with its guarantees (``False``, nothing done, where the general path must take the call). A plan of the
-        compiled lines gets one in C (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers
-        and runs the call in one call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
+        """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
+        (``{}`` for ``None``: a barrier), with its guarantees (``False``, nothing done, where the general path
+        must take the call). A plan of the compiled lines gets one in C
+        (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers and runs the call in one
+        call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
         if isinstance(planned, NativePlan):
-            def resume(seq: int, data: np.ndarray, outcome) -> None:
-                self._queue.run_inline(seq, planned, {"data": data}, None, outcome)
+            def resume(seq: int, data: np.ndarray | None, outcome) -> None:
+                self._queue.run_inline(seq, planned, _buffers(data), None, outcome)
 
             return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
                                     resume)
-        return lambda data: self.run_planned(planned, {"data": data})
+        return lambda data: self.run_planned(planned, _buffers(data))
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
