@@ -276,3 +276,25 @@ def test_remembered_broadcasts_and_barriers_take_their_shortcut(size, engine):
     results = run_ranks(_broadcasts_and_barriers, size)
     kind = "Shortcut" if engine == "native" else "function"
     assert results == [[f"shortcuts: ['{kind}']"]] * size, results
+
+
+def _memory_it_may_not_write(rank: int, size: int) -> list[str]:
+    x = np.full(4, rank + 1.0, np.float32)
+    dist.all_reduce(x)  # remembered
+    frozen = np.ones(4, np.float32)
+    frozen.flags.writeable = False
+    strided = np.ones(8, np.float32)[::2]  # the remembered dtype and count, not contiguous
+    seen = []
+    for refused in (frozen, strided):  # the general path's error, before anything is sent
+        try:
+            dist.all_reduce(refused)
+            seen.append("accepted")
+        except ValueError as exc:
+            seen.append("read-only" if "read-only" in str(exc) else "contiguous" if "contiguous" in str(exc) else "?")
+    dist.all_reduce(x)  # the group is still usable, and the shortcut still runs
+    return seen + [x.tolist()]
+
+
+def test_a_shortcut_leaves_memory_it_may_not_write_in_place_to_the_general_path():
+    for result in run_ranks(_memory_it_may_not_write, 2, timeout=10):
+        assert result == ["read-only", "contiguous", [6.0] * 4], result

@@ -418,47 +418,57 @@ static void give_back(Py_buffer *view)
         PyBuffer_Release(view);
 }
 
-/* Advance the run on `data` and `out` for up to `slice` seconds (not past the deadline). */
-static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double slice)
+/* Advance the run on the buffers at `data` and `out` for up to `slice` seconds (not past the deadline):
+ * DONE, WAITING or MISMATCH, or -1 with the exception set. */
+static int drive(Plan *p, char *data, char *out, double slice)
 {
     Lines *L = p->lines;
     if (L->closed) {
         PyErr_SetString(PyExc_RuntimeError, "lines: the shared-memory transport is closed");
-        return NULL;
+        return -1;
     }
     if (p->phase == OVER)
-        return PyLong_FromLong(DONE);
-    Py_ssize_t nbytes = p->count * p->itemsize;
-    int gathers = p->kind == ALL_GATHER, root = L->rank == p->root;
-    int writes = p->kind == ALL_REDUCE || (p->kind == REDUCE && root) || (p->kind == BROADCAST && !root);
-    Py_buffer data, out;
-    if (take(data_obj, &data, nbytes, writes, p->itemsize, "data") < 0)
-        return NULL;
-    if (take(gathers ? out_obj : Py_None, &out, gathers ? nbytes * L->size : 0, 1, p->itemsize, "out") < 0) {
-        give_back(&data);
-        return NULL;
-    }
-    int state;
+        return DONE;
     for (;;) {
+        int state;
         Py_BEGIN_ALLOW_THREADS
         double until = now_s() + slice;
         if (until > p->deadline)
             until = p->deadline;
-        state = p->per_line ? step_chunked(p, data.buf, until) : step_once(p, data.buf, out.buf, until);
+        state = p->per_line ? step_chunked(p, data, until) : step_once(p, data, out, until);
         Py_END_ALLOW_THREADS
         if (state == DONE)  /* peers waiting for this rank's next call read when it left this one */
             store(word_of(L->areas[L->rank], LINE_RETURNED), now_ns());
         if (state >= 0)
-            break;
-        if (PyErr_CheckSignals() < 0) {  /* a signal's handler raised (KeyboardInterrupt, say) */
-            give_back(&out);
-            give_back(&data);
-            return NULL;
-        }
+            return state;
+        if (PyErr_CheckSignals() < 0)  /* a signal's handler raised (KeyboardInterrupt, say) */
+            return -1;
     }
+}
+
+/* Whether the plan writes its data buffer on this rank. */
+static int writes(Plan *p)
+{
+    int root = p->lines->rank == p->root;
+    return p->kind == ALL_REDUCE || (p->kind == REDUCE && root) || (p->kind == BROADCAST && !root);
+}
+
+/* drive() on `data_obj` and `out_obj`, taken as the plan's buffers: its state as an int object. */
+static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double slice)
+{
+    Py_ssize_t nbytes = p->count * p->itemsize;
+    int gathers = p->kind == ALL_GATHER;
+    Py_buffer data, out;
+    if (take(data_obj, &data, nbytes, writes(p), p->itemsize, "data") < 0)
+        return NULL;
+    if (take(gathers ? out_obj : Py_None, &out, gathers ? nbytes * p->lines->size : 0, 1, p->itemsize, "out") < 0) {
+        give_back(&data);
+        return NULL;
+    }
+    int state = drive(p, data.buf, out.buf, slice);
     give_back(&out);
     give_back(&data);
-    return PyLong_FromLong(state);
+    return state < 0 ? NULL : PyLong_FromLong(state);
 }
 
 /* Begin run `number` of the plan as group call `call`, its deadline `timeout` seconds away. */
@@ -682,8 +692,23 @@ static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t 
         return NULL;
     }
     PyObject *data = args[0];
+    Plan *p = s->plan;
+    Py_buffer view = {0};
+    if (data != Py_None) {  /* memory the call may not run on in place is the general path's to refuse */
+        if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        if (view.len != p->count * p->itemsize || (uintptr_t)view.buf % (uintptr_t)p->itemsize) {
+            PyBuffer_Release(&view);
+            Py_RETURN_FALSE;
+        }
+    } else if (p->count * p->itemsize != 0) {
+        Py_RETURN_FALSE;
+    }
     int64_t seq = claim(s);
     if (seq <= 0) {
+        give_back(&view);
         if (seq < 0)
             return NULL;
         Py_RETURN_FALSE;
@@ -692,9 +717,11 @@ static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t 
     PyObject *outcome = NULL;
     int64_t number = begun(s, seq);
     if (number > 0) {
-        begin(s->plan, number, seq, s->timeout);
-        outcome = advance(s->plan, data, Py_None, s->slice);
+        begin(p, number, seq, s->timeout);
+        int state = drive(p, view.buf, NULL, s->slice);
+        outcome = state < 0 ? NULL : PyLong_FromLong(state);
     }
+    give_back(&view);
     if (outcome != NULL && PyLong_CheckExact(outcome) && PyLong_AsLong(outcome) == DONE) {
         int plain = plainly(s);
         if (plain == 1) {
@@ -748,8 +775,8 @@ static PyObject *Plan_shortcut(Plan *p, PyObject *args)
     if (!PyArg_ParseTuple(args, "OLOddOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
                           &life, &health, &resume))
         return NULL;
-    if (per_run <= 0 || !PyCallable_Check(resume)) {
-        PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive and resume callable");
+    if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER) {
+        PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive, resume callable, the plan no gather");
         return NULL;
     }
     PyObject *progress = PyObject_GetAttr(claims, s_progress);

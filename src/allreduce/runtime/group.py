@@ -209,7 +209,7 @@ class ProcessGroup:
     def shortcut(self, planned):
         """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
         (``{}`` for ``None``: a barrier), with its guarantees (``False``, nothing done, where the general path
-        must take the call). A plan of the compiled lines gets one in C
+        must take the call, or ``array`` is not C-contiguous and writable). A plan of the compiled lines gets one in C
         (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers and runs the call in one
         call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
         if isinstance(planned, NativePlan):
@@ -218,7 +218,13 @@ class ProcessGroup:
 
             return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
                                     resume)
-        return lambda data: self.run_planned(planned, _buffers(data))
+
+        def run(data: np.ndarray | None) -> bool:
+            if data is not None and not (data.flags.c_contiguous and data.flags.writeable):
+                return False
+            return self.run_planned(planned, _buffers(data))
+
+        return run
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
