@@ -302,3 +302,22 @@ def _memory_it_may_not_write(rank: int, size: int) -> list[str]:
 def test_a_shortcut_leaves_memory_it_may_not_write_in_place_to_the_general_path():
     for result in run_ranks(_memory_it_may_not_write, 2, timeout=10):
         assert result == ["read-only", "contiguous", [6.0] * 4], result
+
+
+def _collected_once_destroyed(rank: int, size: int) -> bool:
+    import gc
+    import weakref
+
+    group = dist.new_group([0, 1])
+    x = np.ones(2, np.float32)
+    for _ in range(3):
+        dist.all_reduce(x, group=group)  # its shortcut holds the group's parts, the group its shortcuts
+    dist.destroy_process_group(group)
+    gone = weakref.ref(group)
+    del group
+    gc.collect()
+    return gone() is None
+
+
+def test_a_destroyed_group_with_shortcuts_is_collected():
+    assert run_ranks(_collected_once_destroyed, 2, timeout=10) == [True, True]

@@ -575,20 +575,45 @@ typedef struct {
 
 static PyObject *s_usable, *s_busy, *s_issued, *s_issuer, *s_conflict, *s_started, *s_numbered, *s_progress, *s_jobs;
 
+/* A shortcut holds its group's parts, and the group (through resume) holds its shortcuts: a cycle the
+ * garbage collector must see through. */
+static int Shortcut_traverse(Shortcut *s, visitproc visit, void *arg)
+{
+    Py_VISIT(s->plan);
+    Py_VISIT(s->numbers);
+    Py_VISIT(s->call);
+    Py_VISIT(s->acquire);
+    Py_VISIT(s->release);
+    Py_VISIT(s->queue);
+    Py_VISIT(s->jobs);
+    Py_VISIT(s->claims);
+    Py_VISIT(s->life);
+    Py_VISIT(s->health);
+    Py_VISIT(s->resume);
+    return 0;
+}
+
+static int Shortcut_clear(Shortcut *s)
+{
+    Py_CLEAR(s->plan);
+    Py_CLEAR(s->numbers);
+    Py_CLEAR(s->call);
+    Py_CLEAR(s->acquire);
+    Py_CLEAR(s->release);
+    Py_CLEAR(s->queue);
+    Py_CLEAR(s->jobs);
+    Py_CLEAR(s->claims);
+    Py_CLEAR(s->life);
+    Py_CLEAR(s->health);
+    Py_CLEAR(s->resume);
+    return 0;
+}
+
 static void Shortcut_dealloc(Shortcut *s)
 {
-    Py_XDECREF(s->plan);
-    Py_XDECREF(s->numbers);
-    Py_XDECREF(s->call);
-    Py_XDECREF(s->acquire);
-    Py_XDECREF(s->release);
-    Py_XDECREF(s->queue);
-    Py_XDECREF(s->jobs);
-    Py_XDECREF(s->claims);
-    Py_XDECREF(s->life);
-    Py_XDECREF(s->health);
-    Py_XDECREF(s->resume);
-    Py_TYPE(s)->tp_free((PyObject *)s);
+    PyObject_GC_UnTrack(s);
+    Shortcut_clear(s);
+    PyObject_GC_Del(s);
 }
 
 /* 1 if obj.name is true, 0 if false, -1 on an error */
@@ -693,6 +718,8 @@ static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t 
     }
     PyObject *data = args[0];
     Plan *p = s->plan;
+    if (p == NULL)  /* cleared by the garbage collector: its group is going */
+        Py_RETURN_FALSE;
     Py_buffer view = {0};
     if (data != Py_None) {  /* memory the call may not run on in place is the general path's to refuse */
         if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -759,9 +786,11 @@ static PyObject *Shortcut_call(PyObject *s, PyObject *args, PyObject *kwargs)
 static PyTypeObject ShortcutType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A blocking all-reduce of a known shape, claimed and run in one call (made by Plan.shortcut).",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A blocking call of a known shape, claimed and run in one call (made by Plan.shortcut).",
     .tp_dealloc = (destructor)Shortcut_dealloc,
+    .tp_traverse = (traverseproc)Shortcut_traverse,
+    .tp_clear = (inquiry)Shortcut_clear,
     .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
     .tp_call = Shortcut_call,
 };
@@ -786,7 +815,7 @@ static PyObject *Plan_shortcut(Plan *p, PyObject *args)
     Py_DECREF(progress);
     if (PyErr_Occurred())
         return NULL;
-    Shortcut *s = PyObject_New(Shortcut, &ShortcutType);
+    Shortcut *s = PyObject_GC_New(Shortcut, &ShortcutType);
     if (s == NULL)
         return NULL;
     s->vectorcall = (vectorcallfunc)Shortcut_vectorcall;
@@ -805,6 +834,7 @@ static PyObject *Plan_shortcut(Plan *p, PyObject *args)
     s->progress = progress_id;
     s->timeout = timeout;
     s->slice = slice;
+    PyObject_GC_Track(s);
     if (s->acquire == NULL || s->release == NULL || s->jobs == NULL) {
         Py_DECREF(s);
         return NULL;
