@@ -420,13 +420,18 @@ static void give_back(Py_buffer *view)
 
 /* Advance the run on the buffers at `data` and `out` for up to `slice` seconds (not past the deadline):
  * DONE, WAITING or MISMATCH, or -1 with the exception set. */
+static int closed(Lines *L)
+{
+    if (L->closed)
+        PyErr_SetString(PyExc_RuntimeError, "lines: the shared-memory transport is closed");
+    return L->closed;
+}
+
 static int drive(Plan *p, char *data, char *out, double slice)
 {
     Lines *L = p->lines;
-    if (L->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "lines: the shared-memory transport is closed");
+    if (closed(L))
         return -1;
-    }
     if (p->phase == OVER)
         return DONE;
     for (;;) {
@@ -456,6 +461,8 @@ static int writes(Plan *p)
 /* drive() on `data_obj` and `out_obj`, taken as the plan's buffers: its state as an int object. */
 static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double slice)
 {
+    if (closed(p->lines))  /* before the buffers: whatever they are, closed lines are never touched */
+        return NULL;
     Py_ssize_t nbytes = p->count * p->itemsize;
     int gathers = p->kind == ALL_GATHER;
     Py_buffer data, out;
