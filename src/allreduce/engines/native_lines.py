@@ -6,8 +6,10 @@ its bits (the same kernels' results, :mod:`allreduce.native`'s ``kernels.c``). W
 decide alone it hands back: it returns ``WAITING`` at the end of each slice (``check_s``) so that
 Python looks for a gone peer, calls the idle hook, keeps the deadline and lets signal handlers run,
 then resumes it; and ``MISMATCH`` with the rank whose line differs, which Python words as the Python
-engine does. A pair the compiled kernels lack (complex PRODUCT) is planned by the Python lines engine,
-which shares this engine's round numbers, so both kinds of plan run in one group.
+engine does. A plan also makes the group's *shortcut* for its shape (:meth:`NativePlan.shortcut`): the
+claim, numbering and run of a blocking call in one C call, whose endings other than the plain one come
+back to :meth:`NativePlan.resume`. A pair the compiled kernels lack (complex PRODUCT) is planned by the
+Python lines engine, which shares this engine's round numbers, so both kinds of plan run in one group.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@
  * stopped. So the C side never decides an error: it says what it saw (WAITING for a rank, or MISMATCH
  * with a rank) and Python words it exactly as the Python engine does.
  *
+ * A Shortcut (below) is one plan bound to its group's issue state: a blocking call of a shape the group
+ * ran before, claimed, numbered and run in one call from Python.
+ *
  * What a peer writes can be any bytes: only its number, call and fingerprint words are read (and
  * compared), and the payload is read as data of the size this rank planned, never as a length.
  *
