@@ -321,3 +321,25 @@ def _collected_once_destroyed(rank: int, size: int) -> bool:
 
 def test_a_destroyed_group_with_shortcuts_is_collected():
     assert run_ranks(_collected_once_destroyed, 2, timeout=10) == [True, True]
+
+
+def _chunks_between_rounds(rank: int, size: int) -> list[str]:
+    wrong, kinds = [], set()
+    big, small = 30011, 5  # float32: chunked (many chunks of a 4 KiB line), then one round
+    for call in range(4):
+        for count in (big, small, big):
+            ins = _inputs(rank, size, count, np.float32, call)
+            x = ins[rank].copy()
+            dist.all_reduce(x)
+            if not np.array_equal(x, sum(ins[1:], ins[0])):
+                wrong.append(f"{count} call {call}")
+    for count in (big, small):
+        known = dist.default_group().shortcuts.get((np.dtype(np.float32), count, dist.ReduceOp.SUM))
+        kinds.add(type(known[1]).__name__ if known else "none")
+    return wrong + [f"shortcuts: {sorted(kinds)}"]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_chunked_shortcuts_take_their_line_numbers_between_one_round_calls(size, engine, monkeypatch):
+    monkeypatch.setenv("ALLREDUCE_SHM_LINE_CHUNK", "4096")
+    _right_and_short(_chunks_between_rounds, size, engine)
