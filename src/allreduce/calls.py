@@ -71,22 +71,20 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     """
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
-        # a shape this group ran before (checked, planned, no AVG to finish): straight to its planned call
+        # a shape this group ran before (checked, planned, no AVG to finish): straight to its shortcut
         known = g.shortcuts.get((tensor.dtype, tensor.size, op))
-        if known is not None and known[0] == determinism.epoch:
-            flags = tensor.flags
-            if flags.c_contiguous and flags.writeable and g.run_planned(known[1], {"data": tensor}):
-                return None
-    issued = g.issued  # what _refusing does, written out: the shortcut above must stay as short as it is
-    try:
-        arr = as_array(tensor)
-        op = checked_op(op, arr.dtype)
-        data = arr if arr.ndim == 1 else flat(arr)
-        return g.collective(Request("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
-                                    finish_reduction(op, data, g.size)), async_op)
-    except (TypeError, ValueError) as exc:
-        g.refused("all_reduce", str(exc), issued)
-        raise
+        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+            return None
+    return _all_reduce(g, tensor, op, async_op, algorithm)
+
+
+@_refusing("all_reduce", 0)  # the general path: the shortcut above stays as short as it is
+def _all_reduce(g: Group, tensor: Tensor, op: Op, async_op: bool, algorithm: str | None) -> Work | None:
+    arr = as_array(tensor)
+    op = checked_op(op, arr.dtype)
+    data = arr if arr.ndim == 1 else flat(arr)
+    return g.collective(Request("all_reduce", {"data": data}, data.size, arr.dtype, op, 0, algorithm,
+                                finish_reduction(op, data, g.size)), async_op)
 
 
 @_refusing("reduce", 3)
@@ -102,11 +100,19 @@ def reduce(tensor: Tensor, dst: int, op: Op = ReduceOp.SUM, group: Group = None,
     return g.collective(Request("reduce", {"data": data}, data.size, arr.dtype, op, dst, algorithm, after), async_op)
 
 
-@_refusing("broadcast", 2)
 def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = False,
               algorithm: str | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
     g = resolve_group(group)
+    if type(tensor) is np.ndarray and tensor.ndim == 1 and type(src) is int and not async_op and algorithm is None:
+        known = g.shortcuts.get(("broadcast", tensor.dtype, tensor.size, src))
+        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+            return None
+    return _broadcast(g, tensor, src, async_op, algorithm)
+
+
+@_refusing("broadcast", 0)
+def _broadcast(g: Group, tensor: Tensor, src: int, async_op: bool, algorithm: str | None) -> Work | None:
     arr = as_array(tensor)
     check_rank(src, g.size, "src")
     data = flat(arr)
@@ -221,6 +227,10 @@ def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int =
 def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = resolve_group(group)
+    if not async_op:
+        known = g.shortcuts.get(_BARRIER)
+        if known is not None and known[0] == determinism.epoch and known[1](None):
+            return None
     return g.collective(Request("barrier", {}, 0, np.dtype(np.uint8)), async_op)
 
 
@@ -301,6 +311,10 @@ def all_reduce_scalar(value: Number, op: Op = ReduceOp.SUM, group: Group = None)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+_BARRIER = ("barrier",)  # the barrier's key in ProcessGroup.shortcuts (a shortcut refuses memory it may not
+# write in place, and any call the group must take the general way: see ProcessGroup.shortcut)
+
 
 def _apart(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The flat input, copied where it overlaps ``out`` (the same array, a view, a slice of one buffer).

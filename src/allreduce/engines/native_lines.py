@@ -6,8 +6,10 @@ its bits (the same kernels' results, :mod:`allreduce.native`'s ``kernels.c``). W
 decide alone it hands back: it returns ``WAITING`` at the end of each slice (``check_s``) so that
 Python looks for a gone peer, calls the idle hook, keeps the deadline and lets signal handlers run,
 then resumes it; and ``MISMATCH`` with the rank whose line differs, which Python words as the Python
-engine does. A pair the compiled kernels lack (complex PRODUCT) is planned by the Python lines engine,
-which shares this engine's round numbers, so both kinds of plan run in one group.
+engine does. A plan also makes the group's *shortcut* for its shape (:meth:`NativePlan.shortcut`): the
+claim, numbering and run of a blocking call in one C call, whose endings other than the plain one come
+back to :meth:`NativePlan.resume`. A pair the compiled kernels lack (complex PRODUCT) is planned by the
+Python lines engine, which shares this engine's round numbers, so both kinds of plan run in one group.
 """
 
 from __future__ import annotations
@@ -50,29 +52,48 @@ class NativePlan:
         python = self.engine.python
         number = python.numbered + 1  # the next line numbers (LinesEngine.take, inlined)
         python.numbered += self.numbers
-        data, out = buffers.get("data"), buffers.get("out")
         try:
-            try:
-                state = self.native.run(number, seq, data, out, float(timeout), self.slice)
-            except self.engine.module.Misaligned:  # refused before anything was posted
-                self._run_aligned(number, seq, data, out, timeout, idle, idle_every)
-                return
-            if state:
-                self._settle(state, data, out, idle, idle_every)
+            state = self.native.run(number, seq, buffers.get("data"), buffers.get("out"), float(timeout), self.slice)
+        except self.engine.module.Misaligned:  # refused before anything was posted
+            self._run_aligned(number, buffers, seq, timeout, idle, idle_every)
+            return
+        except BaseException as exc:  # resume words it, as it does a shortcut's
+            state = exc
+        self.resume(state, buffers, seq, timeout, idle, idle_every)
+
+    def _run_aligned(self, number: int, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle,
+                     idle_every: float) -> None:
+        """The run on aligned copies of buffers whose items are not aligned (a numpy view at an odd
+        offset, say: the kernels take typed pointers), copied back into those the call may write."""
+        copies = {name: array.copy() for name, array in buffers.items() if array is not None}
+        try:
+            state = self.native.run(number, seq, copies.get("data"), copies.get("out"), float(timeout), self.slice)
+        except BaseException as exc:
+            state = exc
+        self.resume(state, copies, seq, timeout, idle, idle_every)
+        for name, copy in copies.items():
+            if buffers[name].flags.writeable:
+                buffers[name][...] = copy
+
+    def resume(self, outcome: int | BaseException, buffers: dict[str, np.ndarray], seq: int, timeout: float,
+               idle=None, idle_every: float = 1.0) -> None:
+        """Go on with run ``seq`` from what the compiled run returned (``WAITING``, ``MISMATCH``, ``DONE``)
+        or raised, as :meth:`run` does: the shortcut's run hands its endings here."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome:
+                self._settle(outcome, buffers.get("data"), buffers.get("out"), idle, idle_every)
         except BaseException as exc:
             raise reworded(exc, self._where % seq, timeout) from exc
 
-    def _run_aligned(self, number: int, seq: int, data, out, timeout: float, idle, idle_every: float) -> None:
-        """The run on aligned copies of buffers whose items are not aligned (a numpy view at an odd
-        offset, say: the kernels take typed pointers), copied back into those the call may write."""
-        buffers = (data, out)
-        copies = [None if b is None else b.copy() for b in buffers]
-        state = self.native.run(number, seq, copies[0], copies[1], float(timeout), self.slice)
-        if state:
-            self._settle(state, copies[0], copies[1], idle, idle_every)
-        for given, copy in zip(buffers, copies):
-            if given is not None and given.flags.writeable:
-                given[...] = copy
+    def shortcut(self, timeout: float, lock, queue, claims, life, health, resume):
+        """The compiled shortcut of a blocking all-reduce of this shape (see ``_lines.c``'s Shortcut): it
+        claims ``queue`` for the calling thread under ``claims``' rule while ``life`` is usable and nobody
+        holds ``lock``, numbers the call (``queue.issued``), records it in ``health.started``, takes its line
+        numbers and runs it, handing any ending but the plain one to ``resume(seq, data, outcome)``."""
+        return self.native.shortcut(self.engine.python, self.numbers, self.call, float(timeout), self.slice, lock,
+                                    queue, claims, life, health, resume)
 
     def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
         """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each

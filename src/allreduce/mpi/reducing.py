@@ -31,7 +31,17 @@ class Reductions:
 
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         """All-reduce in the caller's thread: a blocking call of a shape already run costs what the numpy
-        API's costs (no request, no hand-off to the progress thread)."""
+        API's costs (no request, no hand-off to the progress thread). Plain 1-D arrays of one dtype and a
+        predefined arithmetic op go to it straight: the input copied into ``recvbuf``, reduced in place."""
+        if type(recvbuf) is np.ndarray and recvbuf.ndim == 1 and op.native is not None and not op.logical \
+                and recvbuf.flags.c_contiguous and recvbuf.flags.writeable:
+            if in_place(sendbuf):
+                api.all_reduce(recvbuf, op.native, self.process_group())
+                return
+            if type(sendbuf) is np.ndarray and sendbuf.dtype == recvbuf.dtype and sendbuf.shape == recvbuf.shape:
+                recvbuf[...] = sendbuf
+                api.all_reduce(recvbuf, op.native, self.process_group())
+                return
         self._allreduce(sendbuf, recvbuf, op, async_op=False)
 
     def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:

@@ -14,6 +14,9 @@
  * stopped. So the C side never decides an error: it says what it saw (WAITING for a rank, or MISMATCH
  * with a rank) and Python words it exactly as the Python engine does.
  *
+ * A Shortcut (below) is one plan bound to its group's issue state: a blocking call of a shape the group
+ * ran before, claimed, numbered and run in one call from Python.
+ *
  * What a peer writes can be any bytes: only its number, call and fingerprint words are read (and
  * compared), and the payload is read as data of the size this rank planned, never as a length.
  *
@@ -423,47 +426,75 @@ static void give_back(Py_buffer *view)
         PyBuffer_Release(view);
 }
 
-/* Advance the run on `data` and `out` for up to `slice` seconds (not past the deadline). */
-static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double slice)
+/* Advance the run on the buffers at `data` and `out` for up to `slice` seconds (not past the deadline):
+ * DONE, WAITING or MISMATCH, or -1 with the exception set. */
+static int closed(Lines *L)
+{
+    if (L->closed)
+        PyErr_SetString(PyExc_RuntimeError, "lines: the shared-memory transport is closed");
+    return L->closed;
+}
+
+static int drive(Plan *p, char *data, char *out, double slice)
 {
     Lines *L = p->lines;
-    if (L->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "lines: the shared-memory transport is closed");
-        return NULL;
-    }
+    if (closed(L))
+        return -1;
     if (p->phase == OVER)
-        return PyLong_FromLong(DONE);
-    Py_ssize_t nbytes = p->count * p->itemsize;
-    int gathers = p->kind == ALL_GATHER, root = L->rank == p->root;
-    int writes = p->kind == ALL_REDUCE || (p->kind == REDUCE && root) || (p->kind == BROADCAST && !root);
-    Py_buffer data, out;
-    if (take(data_obj, &data, nbytes, writes, p->itemsize, "data") < 0)
-        return NULL;
-    if (take(gathers ? out_obj : Py_None, &out, gathers ? nbytes * L->size : 0, 1, p->itemsize, "out") < 0) {
-        give_back(&data);
-        return NULL;
-    }
-    int state;
+        return DONE;
     for (;;) {
+        int state;
         Py_BEGIN_ALLOW_THREADS
         double until = now_s() + slice;
         if (until > p->deadline)
             until = p->deadline;
-        state = p->per_line ? step_chunked(p, data.buf, until) : step_once(p, data.buf, out.buf, until);
+        state = p->per_line ? step_chunked(p, data, until) : step_once(p, data, out, until);
         Py_END_ALLOW_THREADS
         if (state == DONE)  /* peers waiting for this rank's next call read when it left this one */
             store(word_of(L->areas[L->rank], LINE_RETURNED), now_ns());
         if (state >= 0)
-            break;
-        if (PyErr_CheckSignals() < 0) {  /* a signal's handler raised (KeyboardInterrupt, say) */
-            give_back(&out);
-            give_back(&data);
-            return NULL;
-        }
+            return state;
+        if (PyErr_CheckSignals() < 0)  /* a signal's handler raised (KeyboardInterrupt, say) */
+            return -1;
     }
+}
+
+/* Whether the plan writes its data buffer on this rank. */
+static int writes(Plan *p)
+{
+    int root = p->lines->rank == p->root;
+    return p->kind == ALL_REDUCE || (p->kind == REDUCE && root) || (p->kind == BROADCAST && !root);
+}
+
+/* drive() on `data_obj` and `out_obj`, taken as the plan's buffers: its state as an int object. */
+static PyObject *advance(Plan *p, PyObject *data_obj, PyObject *out_obj, double slice)
+{
+    if (closed(p->lines))  /* before the buffers: whatever they are, closed lines are never touched */
+        return NULL;
+    Py_ssize_t nbytes = p->count * p->itemsize;
+    int gathers = p->kind == ALL_GATHER;
+    Py_buffer data, out;
+    if (take(data_obj, &data, nbytes, writes(p), p->itemsize, "data") < 0)
+        return NULL;
+    if (take(gathers ? out_obj : Py_None, &out, gathers ? nbytes * p->lines->size : 0, 1, p->itemsize, "out") < 0) {
+        give_back(&data);
+        return NULL;
+    }
+    int state = drive(p, data.buf, out.buf, slice);
     give_back(&out);
     give_back(&data);
-    return PyLong_FromLong(state);
+    return state < 0 ? NULL : PyLong_FromLong(state);
+}
+
+/* Begin run `number` of the plan as group call `call`, its deadline `timeout` seconds away. */
+static void begin(Plan *p, int64_t number, int64_t call, double timeout)
+{
+    p->number = number;
+    p->call = call;
+    p->phase = SEND;
+    p->chunk = 0;
+    p->waiting = p->peer = -1;
+    p->deadline = now_s() + timeout;
 }
 
 /* run(number, call, data, out, timeout, slice) -> DONE | WAITING | MISMATCH: start run `number` of the
@@ -478,12 +509,7 @@ static PyObject *Plan_run(Plan *p, PyObject *const *args, Py_ssize_t nargs)
     double timeout = PyFloat_AsDouble(args[4]), slice = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    p->number = number;
-    p->call = call;
-    p->phase = SEND;
-    p->chunk = 0;
-    p->waiting = p->peer = -1;
-    p->deadline = now_s() + timeout;
+    begin(p, number, call, timeout);
     return advance(p, args[2], args[3], slice);
 }
 
@@ -515,9 +541,13 @@ static PyMemberDef Plan_members[] = {
     {NULL},
 };
 
+static PyObject *Plan_shortcut(Plan *p, PyObject *args);
+
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL, "run(number, call, data, out, timeout, slice)"},
     {"resume", (PyCFunction)(void (*)(void))Plan_resume, METH_FASTCALL, "resume(data, out, slice)"},
+    {"shortcut", (PyCFunction)Plan_shortcut, METH_VARARGS,
+     "shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume) -> Shortcut"},
     {NULL},
 };
 
@@ -530,6 +560,302 @@ static PyTypeObject PlanType = {
     .tp_methods = Plan_methods,
     .tp_members = Plan_members,
 };
+
+/* ---- Shortcut: a blocking all-reduce of a shape the group ran before, claimed and run in one call --
+ *
+ * The group's issue state stays where the Python runtime keeps it (runtime/queue.py, claims.py, life.py,
+ * health.py); a Shortcut does in C, with the GIL held throughout (so no Python code runs in between),
+ * exactly what ProcessGroup.run_planned, WorkQueue.run_inline and NativePlan.run do on success: it
+ * probes the group's lock (held by another thread: a call is being issued, so the general path
+ * decides), claims the idle group for this thread (never the progress thread: a Work callback), numbers
+ * the call, records it as begun for the heartbeat, takes its line numbers and runs the plan. A call that
+ * ends other than plainly (WAITING, MISMATCH, an exception, another thread's call meanwhile, work
+ * queued behind it) is handed, as it stands, to the Python `resume(seq, data, outcome)`, which goes on
+ * exactly as the general path would and frees the group. Calling it returns False, with nothing done,
+ * where the general path must take the call. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Plan *plan;
+    PyObject *numbers;  /* the lines engine whose `numbered` counts the line numbers taken */
+    PyObject *call;  /* the planned call's Call (health's `started` is (seq, call)) */
+    PyObject *acquire, *release;  /* the group's lock's bound methods */
+    PyObject *queue, *jobs, *claims, *life, *health;
+    PyObject *resume;
+    int64_t per_run;  /* line numbers one run takes */
+    unsigned long progress;  /* the progress thread, which runs Work callbacks */
+    double timeout, slice;
+} Shortcut;
+
+static PyObject *s_usable, *s_busy, *s_issued, *s_issuer, *s_conflict, *s_started, *s_numbered, *s_progress, *s_jobs;
+
+/* A shortcut holds its group's parts, and the group (through resume) holds its shortcuts: a cycle the
+ * garbage collector must see through. */
+static int Shortcut_traverse(Shortcut *s, visitproc visit, void *arg)
+{
+    Py_VISIT(s->plan);
+    Py_VISIT(s->numbers);
+    Py_VISIT(s->call);
+    Py_VISIT(s->acquire);
+    Py_VISIT(s->release);
+    Py_VISIT(s->queue);
+    Py_VISIT(s->jobs);
+    Py_VISIT(s->claims);
+    Py_VISIT(s->life);
+    Py_VISIT(s->health);
+    Py_VISIT(s->resume);
+    return 0;
+}
+
+static int Shortcut_clear(Shortcut *s)
+{
+    Py_CLEAR(s->plan);
+    Py_CLEAR(s->numbers);
+    Py_CLEAR(s->call);
+    Py_CLEAR(s->acquire);
+    Py_CLEAR(s->release);
+    Py_CLEAR(s->queue);
+    Py_CLEAR(s->jobs);
+    Py_CLEAR(s->claims);
+    Py_CLEAR(s->life);
+    Py_CLEAR(s->health);
+    Py_CLEAR(s->resume);
+    return 0;
+}
+
+static void Shortcut_dealloc(Shortcut *s)
+{
+    PyObject_GC_UnTrack(s);
+    Shortcut_clear(s);
+    PyObject_GC_Del(s);
+}
+
+/* 1 if obj.name is true, 0 if false, -1 on an error */
+static int truth(PyObject *obj, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int t = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return t;
+}
+
+/* obj.name += by; the new value (-1 on an error) */
+static int64_t bump(PyObject *obj, PyObject *name, int64_t by)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int64_t now = PyLong_AsLongLong(value) + by;
+    Py_DECREF(value);
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *next = PyLong_FromLongLong(now);
+    if (next == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, next);
+    Py_DECREF(next);
+    return rc < 0 ? -1 : now;
+}
+
+/* Claim the idle group for this thread and number the call: its sequence number, 0 where the general
+ * path must decide, -1 on an error. The lock is only probed: while this runs nothing else does. */
+static int64_t claim(Shortcut *s)
+{
+    int usable = truth(s->life, s_usable);
+    if (usable <= 0)
+        return usable;
+    PyObject *no = Py_False;
+    PyObject *got = PyObject_Vectorcall(s->acquire, &no, 1, NULL);
+    if (got == NULL)
+        return -1;
+    int locked = got == Py_True;
+    Py_DECREF(got);
+    if (!locked)
+        return 0;
+    int64_t seq = 0;
+    unsigned long me = PyThread_get_thread_ident();
+    int busy = me == s->progress ? 1 : truth(s->queue, s_busy);
+    if (busy == 0) {
+        Py_ssize_t queued = PyObject_Length(s->jobs);
+        PyObject *issuer = queued == 0 ? PyLong_FromUnsignedLong(me) : NULL;
+        if (queued < 0)
+            seq = -1;
+        else if (queued == 0)
+            seq = issuer == NULL || PyObject_SetAttr(s->queue, s_busy, Py_True) < 0
+                  || PyObject_SetAttr(s->claims, s_issuer, issuer) < 0 ? -1 : bump(s->queue, s_issued, 1);
+        Py_XDECREF(issuer);
+    } else if (busy < 0) {
+        seq = -1;
+    }
+    PyObject *done = PyObject_CallNoArgs(s->release);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    return seq;
+}
+
+/* Record call `seq` as begun and take its line numbers: the first of them, -1 on an error. */
+static int64_t begun(Shortcut *s, int64_t seq)
+{
+    PyObject *started = Py_BuildValue("(LO)", (long long)seq, s->call);
+    if (started == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(s->health, s_started, started);
+    Py_DECREF(started);
+    if (rc < 0)
+        return -1;
+    int64_t last = bump(s->numbers, s_numbered, s->per_run);
+    return last < 0 ? -1 : last - s->per_run + 1;
+}
+
+/* The run ended plainly: free the group and say so (1), or 0 where resume() must finish it. */
+static int plainly(Shortcut *s)
+{
+    PyObject *conflict = PyObject_GetAttr(s->claims, s_conflict);
+    if (conflict == NULL)
+        return -1;
+    int clear = conflict == Py_None;
+    Py_DECREF(conflict);
+    if (!clear || PyObject_Length(s->jobs) != 0)
+        return 0;
+    return PyObject_SetAttr(s->queue, s_busy, Py_False) < 0 ? -1 : 1;
+}
+
+/* shortcut(data) -> bool: see above. */
+static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "shortcut(data)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    Plan *p = s->plan;
+    if (p == NULL)  /* cleared by the garbage collector: its group is going */
+        Py_RETURN_FALSE;
+    Py_buffer view = {0};
+    if (data != Py_None) {  /* memory the call may not run on in place is the general path's to refuse */
+        if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        if (view.len != p->count * p->itemsize || (uintptr_t)view.buf % (uintptr_t)p->itemsize) {
+            PyBuffer_Release(&view);
+            Py_RETURN_FALSE;
+        }
+    } else if (p->count * p->itemsize != 0) {
+        Py_RETURN_FALSE;
+    }
+    int64_t seq = claim(s);
+    if (seq <= 0) {
+        give_back(&view);
+        if (seq < 0)
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    /* from here the group is this call's: every way out but the plain one goes through resume() */
+    PyObject *outcome = NULL;
+    int64_t number = begun(s, seq);
+    if (number > 0) {
+        begin(p, number, seq, s->timeout);
+        int state = drive(p, view.buf, NULL, s->slice);
+        outcome = state < 0 ? NULL : PyLong_FromLong(state);
+    }
+    give_back(&view);
+    if (outcome != NULL && PyLong_CheckExact(outcome) && PyLong_AsLong(outcome) == DONE) {
+        int plain = plainly(s);
+        if (plain == 1) {
+            Py_DECREF(outcome);
+            Py_RETURN_TRUE;
+        }
+        if (plain < 0)
+            Py_CLEAR(outcome);
+    }
+    if (outcome == NULL) {  /* the exception, as the engine's run would have raised it */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL && value != NULL)
+            PyException_SetTraceback(value, traceback);
+        Py_XDECREF(type);
+        Py_XDECREF(traceback);
+        outcome = value != NULL ? value : Py_NewRef(Py_None);
+    }
+    PyObject *seq_obj = PyLong_FromLongLong(seq);
+    PyObject *result = seq_obj == NULL ? NULL : PyObject_CallFunctionObjArgs(s->resume, seq_obj, data, outcome, NULL);
+    Py_XDECREF(seq_obj);
+    Py_DECREF(outcome);
+    if (result == NULL)
+        return NULL;
+    Py_DECREF(result);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Shortcut_call(PyObject *s, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(s, args, kwargs);
+}
+
+static PyTypeObject ShortcutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Shortcut",
+    .tp_basicsize = sizeof(Shortcut),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A blocking call of a known shape, claimed and run in one call (made by Plan.shortcut).",
+    .tp_dealloc = (destructor)Shortcut_dealloc,
+    .tp_traverse = (traverseproc)Shortcut_traverse,
+    .tp_clear = (inquiry)Shortcut_clear,
+    .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
+    .tp_call = Shortcut_call,
+};
+
+/* plan.shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume) */
+static PyObject *Plan_shortcut(Plan *p, PyObject *args)
+{
+    PyObject *numbers, *call, *lock, *queue, *claims, *life, *health, *resume;
+    long long per_run;
+    double timeout, slice;
+    if (!PyArg_ParseTuple(args, "OLOddOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
+                          &life, &health, &resume))
+        return NULL;
+    if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER) {
+        PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive, resume callable, the plan no gather");
+        return NULL;
+    }
+    PyObject *progress = PyObject_GetAttr(claims, s_progress);
+    if (progress == NULL)
+        return NULL;
+    unsigned long progress_id = progress == Py_None ? 0 : PyLong_AsUnsignedLong(progress);
+    Py_DECREF(progress);
+    if (PyErr_Occurred())
+        return NULL;
+    Shortcut *s = PyObject_GC_New(Shortcut, &ShortcutType);
+    if (s == NULL)
+        return NULL;
+    s->vectorcall = (vectorcallfunc)Shortcut_vectorcall;
+    s->plan = (Plan *)Py_NewRef(p);
+    s->numbers = Py_NewRef(numbers);
+    s->call = Py_NewRef(call);
+    s->acquire = PyObject_GetAttrString(lock, "acquire");
+    s->release = PyObject_GetAttrString(lock, "release");
+    s->queue = Py_NewRef(queue);
+    s->jobs = PyObject_GetAttr(queue, s_jobs);
+    s->claims = Py_NewRef(claims);
+    s->life = Py_NewRef(life);
+    s->health = Py_NewRef(health);
+    s->resume = Py_NewRef(resume);
+    s->per_run = per_run;
+    s->progress = progress_id;
+    s->timeout = timeout;
+    s->slice = slice;
+    PyObject_GC_Track(s);
+    if (s->acquire == NULL || s->release == NULL || s->jobs == NULL) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    return (PyObject *)s;
+}
 
 /* plan(kind, dtype, op, count, root, fingerprint, header, per_line) -> Plan. per_line is the chunk's
  * items for a chunked all-reduce or reduce, else 0. */
@@ -611,8 +937,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lines", "The shared
 
 PyMODINIT_FUNC PyInit__lines(void)
 {
-    if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0)
+    if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&ShortcutType) < 0)
         return NULL;
+    PyObject **names[] = {&s_usable, &s_busy, &s_issued, &s_issuer, &s_conflict, &s_started, &s_numbered, &s_progress,
+                          &s_jobs};
+    const char *texts[] = {"usable", "busy", "issued", "issuer", "conflict", "started", "numbered", "progress", "jobs"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -32,6 +32,7 @@ from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
+from ..engines.native_lines import NativePlan
 from ..planner import determinism
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
@@ -47,6 +48,25 @@ from .request import Request
 
 
 _groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned in a fork() child
+
+
+def _shortcut_key(request: Request) -> tuple | None:
+    """The key under which :attr:`ProcessGroup.shortcuts` keeps ``request``'s shape, or ``None`` for a
+    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one)."""
+    if request.algorithm is not None or request.after is not None:
+        return None
+    if request.collective == "all_reduce":
+        return request.dtype, request.count, request.op
+    if request.collective == "broadcast":
+        return "broadcast", request.dtype, request.count, request.root
+    if request.collective == "barrier":
+        return ("barrier",)
+    return None
+
+
+def _buffers(data: np.ndarray | None) -> dict:
+    """A shortcut's buffers: the one array, or none (a barrier)."""
+    return {} if data is None else {"data": data}
 
 
 def _disown_in_child() -> None:
@@ -90,9 +110,9 @@ class ProcessGroup:
         self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}")
         self._claims = Claims(rank, size, name, self._queue)
         self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
-        self._seq = 0
-        # (dtype, count, op) -> (determinism.epoch, planned): blocking all-reduces of a shape already run,
-        # which calls.py takes straight to run_planned (see there)
+        # (dtype, count, op) for an all-reduce, ("broadcast", dtype, count, root), ("barrier",) ->
+        # (determinism.epoch, shortcut, planned): blocking calls of a shape already run, which calls.py
+        # hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
         self.shortcuts: dict[tuple, tuple] = {}
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
@@ -151,10 +171,11 @@ class ProcessGroup:
                 raise self._life.refusal()
             planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
                                            request.op, request.root)
-            if request.collective == "all_reduce" and request.algorithm is None and request.after is None:
-                self.shortcuts[(request.dtype, request.count, request.op)] = (determinism.epoch, planned)
-            self._seq += 1
-            seq = self._seq
+            key = _shortcut_key(request)
+            if key is not None:
+                self._remember(key, planned)
+            self._queue.issued += 1
+            seq = self._queue.issued
             if self._queue.inline(async_op):
                 job = None
             else:
@@ -174,15 +195,15 @@ class ProcessGroup:
         with self._lock:
             if not self._life.usable or not self._claims.idle_claim(threading.get_ident()):
                 return False
-            self._seq += 1
-            seq = self._seq
+            self._queue.issued += 1
+            seq = self._queue.issued
         self._queue.run_inline(seq, planned, buffers, None)
         return True
 
     @property
     def issued(self) -> int:
         """How many collectives this rank has issued on the group (the next is number ``issued + 1``)."""
-        return self._seq
+        return self._queue.issued
 
     def refused(self, collective: str, reason: str, issued: int) -> None:
         """This rank refused its arguments to ``collective`` before issuing it: tell the peers, so that one
@@ -191,10 +212,37 @@ class ProcessGroup:
         stays usable. ``issued``: :attr:`issued` before the call began; if a call was issued since, the
         refusal is not of the call the peers wait in, and nothing is told."""
         with self._lock:
-            if issued != self._seq or not self._life.usable:
+            if issued != self._queue.issued or not self._life.usable:
                 return
-            seq = self._seq + 1
+            seq = issued + 1
+            self.shortcuts.clear()  # the next call takes the general path, which says at once that it began
         self._health.refused(seq, f"{collective}: {reason}")
+
+    def _remember(self, key: tuple, planned) -> None:
+        """Keep the shortcut of a call's shape under ``key`` (with the lock held; see :meth:`shortcut`)."""
+        known = self.shortcuts.get(key)
+        if known is None or known[2] is not planned or known[0] != determinism.epoch:
+            self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
+
+    def shortcut(self, planned):
+        """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
+        (``{}`` for ``None``: a barrier), with its guarantees (``False``, nothing done, where the general path
+        must take the call, or ``array`` is not C-contiguous and writable). A plan of the compiled lines gets one in C
+        (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers and runs the call in one
+        call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
+        if isinstance(planned, NativePlan):
+            def resume(seq: int, data: np.ndarray | None, outcome) -> None:
+                self._queue.run_inline(seq, planned, _buffers(data), None, outcome)
+
+            return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
+                                    resume)
+
+        def run(data: np.ndarray | None) -> bool:
+            if data is not None and not (data.flags.c_contiguous and data.flags.writeable):
+                return False
+            return self.run_planned(planned, _buffers(data))
+
+        return run
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
@@ -270,14 +318,19 @@ class ProcessGroup:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _execute(self, seq: int, planned, buffers: dict, after) -> None:
-        """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it."""
-        if self._life.failure is not None:
-            raise self._life.broken()
+    def _execute(self, seq: int, planned, buffers: dict, after, begun=None) -> None:
+        """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it; or go on
+        with a run a compiled shortcut ``begun`` (claimed, numbered and recorded as started already)."""
         call = planned.call
-        self._health.begin(seq, call)
+        if begun is None:
+            if self._life.failure is not None:
+                raise self._life.broken()
+            self._health.begin(seq, call)
         try:
-            planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+            if begun is None:
+                planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+            else:
+                planned.resume(begun, buffers, seq, self.timeout, self._health.inspect, self._health.interval)
         except Interrupted as exc:
             self._fail(exc, seq, call)
             raise exc.__cause__ from None  # the caller's own exception, as it was raised

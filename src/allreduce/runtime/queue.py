@@ -39,6 +39,7 @@ class WorkQueue:
         self._who = who  # "rank r/n", for the descriptions of Work
         self.jobs: collections.deque[Job] = collections.deque()  # queued for the progress thread
         self.busy = False  # a job is running (inline or on the progress thread)
+        self.issued = 0  # calls numbered so far: the last one's sequence number
         self.thread = threading.Thread(target=self._loop, name=f"allreduce-{name}-progress", daemon=True)
 
     @property
@@ -59,10 +60,14 @@ class WorkQueue:
         self.jobs.append(job)
         self._cv.notify_all()
 
-    def run_inline(self, seq: int, planned, buffers: dict, after: Callable[[], None] | None) -> None:
-        """Run a call that :meth:`inline` admitted, in the caller's thread, then free the group."""
+    def run_inline(self, seq: int, planned, buffers: dict, after: Callable[[], None] | None,
+                   begun=None) -> None:
+        """Run a call that :meth:`inline` admitted, in the caller's thread, then free the group.
+
+        ``begun``: what a compiled shortcut's run of the call ended with, which ``execute`` goes on from
+        (see :meth:`.group.ProcessGroup.collective`)."""
         try:
-            self._execute(seq, planned, buffers, after)
+            self._execute(seq, planned, buffers, after, begun)
         finally:
             with self._lock:
                 self.busy = False
