@@ -10,19 +10,20 @@ docs/mpi.md.
 
 from __future__ import annotations
 
-import pickle as _pickle
-
 from .. import api
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .bufferargs import BOTTOM, IN_PLACE
+from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
 from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
+from .locks import comm_lock as _comm_lock, comm_lock_table as _comm_lock_table  # mpi4py.util.pkl5's
 from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+from .pickler import Pickle, pickle
 from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
@@ -87,23 +88,3 @@ def Aint_add(base: int, disp: int) -> int:
 
 def Aint_diff(addr1: int, addr2: int) -> int:
     return int(addr1) - int(addr2)
-
-
-class Pickle:
-    """How the object methods serialize: ``dumps``/``loads`` (pickle, highest protocol), as mpi4py's."""
-
-    def __init__(self, dumps=_pickle.dumps, loads=_pickle.loads, protocol: int | None = None):
-        self._dumps, self._loads = dumps, loads
-        if protocol is None and dumps is _pickle.dumps:
-            protocol = _pickle.HIGHEST_PROTOCOL
-        self.PROTOCOL = protocol  # None: dumps(obj) is called without one, as for json or yaml
-        self.THRESHOLD = 1024 ** 2 * 256
-
-    def dumps(self, obj) -> bytes:
-        return self._dumps(obj) if self.PROTOCOL is None else self._dumps(obj, self.PROTOCOL)
-
-    def loads(self, data):
-        return self._loads(data)
-
-
-pickle = Pickle()

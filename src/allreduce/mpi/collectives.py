@@ -82,6 +82,8 @@ class BufferCollectives:
         g = self.process_group()
         root = check_root(root, g.size)
         target = simple(buf, "buf", g.rank != root)
+        if not target.flags.writeable:  # the root only reads its buffer (bytes, say); what moves is a copy
+            target = target.copy()
         return Request(api.broadcast(target, root, g, async_op=True)).then(lambda: written(target))
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:

@@ -73,6 +73,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         comm.allreduce(comm.rank + 1)          # both: 3
     """
 
+    def __new__(cls, comm: "Comm | None" = None):
+        return super().__new__(cls)  # mpi4py's subclasses (mpi4py.util.pkl5) call Comm.__new__(cls, comm)
+
     def __init__(self, comm: "Comm | None" = None):
         if comm is None:
             self._handle = _Handle()
@@ -214,18 +217,27 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         self.process_group()
         if keyval not in _KEYVALS:
             raise error(ERR_KEYVAL, f"{keyval} is not an attribute key")
-        self._handle.attrs.pop(keyval, None)
+        if keyval in self._handle.attrs:
+            self._deleted(keyval, self._handle.attrs.pop(keyval))
+
+    def _deleted(self, keyval: int, attrval) -> None:
+        """Call the key's ``delete_fn`` on an attribute leaving the communicator, as MPI does."""
+        delete_fn = _KEYVALS.get(keyval)
+        if delete_fn is not None:
+            delete_fn(self, keyval, attrval)
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython: bool = False) -> int:
-        """A new attribute key (copy and delete callbacks are accepted; ``Dup`` copies no attribute)."""
+        """A new attribute key; ``delete_fn(comm, keyval, attrval)`` is called when an attribute of it
+        leaves a communicator (``Delete_attr``, ``Free``); ``copy_fn`` is accepted (``Dup`` copies no
+        attribute)."""
         key = max(_KEYVALS, default=100) + 1
-        _KEYVALS.add(key)
+        _KEYVALS[key] = delete_fn
         return key
 
     @classmethod
     def Free_keyval(cls, keyval: int) -> int:
-        _KEYVALS.discard(keyval)
+        _KEYVALS.pop(keyval, None)
         return environment.KEYVAL_INVALID
 
     def Get_info(self) -> Info:
@@ -279,9 +291,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         return self.Split(color, key)
 
     def Dup(self, info: Info | None = None) -> "Comm":
-        """A communicator of the same ranks whose messages and collectives never meet this one's.
-        ``info`` hints are accepted and, as MPI allows, ignored."""
-        made = Comm._of(api.split_group(self.process_group()))
+        """A communicator of the same ranks, and of this one's class, whose messages and collectives
+        never meet this one's. ``info`` hints are accepted and, as MPI allows, ignored."""
+        made = type(self)._of(api.split_group(self.process_group()))
         made._handle.info = (info or self._handle.info).Dup() if (info or self._handle.info) else Info.Create()
         return made
 
@@ -323,6 +335,8 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         handle = self._handle
         if handle.null or handle.kind is not None:
             raise error(ERR_COMM, f"{self.Get_name() or 'this communicator'} cannot be freed")
+        for keyval in list(handle.attrs):
+            self._deleted(keyval, handle.attrs.pop(keyval))
         if handle.group is not None:
             api.destroy_process_group(handle.group)
         self._handle = _Handle()
@@ -380,7 +394,7 @@ class Intercomm(Comm):
         self._refuse("Merge")
 
 
-_KEYVALS: set[int] = set()
+_KEYVALS: dict[int, object] = {}  # attribute keys and their delete_fn (None: none)
 
 
 def _predefined(name: str) -> Comm:

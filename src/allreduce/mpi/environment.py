@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import socket
+import sys
 import threading
 import time
 
 import numpy as np
 
 from .. import __version__ as _version
+from .. import native
 from .errorcodes import ERR_ARG, ERR_BUFFER, error
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
@@ -85,7 +87,14 @@ def Pcontrol(level: int) -> None:
         raise error(ERR_ARG, f"Pcontrol level must be >= 0, got {level}")
 
 
-class buffer:  # noqa: N801 - mpi4py's name
+def _exporter_base() -> type:
+    """The base that gives ``__buffer__`` its meaning: Python's own from 3.12, the compiled
+    ``Exporter`` before (without it, ``memoryview(buffer)`` is refused on 3.11)."""
+    module = None if sys.version_info >= (3, 12) else native.load("exporter")[0]
+    return object if module is None else module.Exporter
+
+
+class buffer(_exporter_base()):  # noqa: N801 - mpi4py's name
     """Raw memory as mpi4py shows it: bytes with an ``address``, the object that owns them, and the
     buffer protocol (one-dimensional, format ``B``)."""
 

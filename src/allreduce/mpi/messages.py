@@ -213,7 +213,7 @@ class Message:
     @classmethod
     def of(cls, comm, envelope: tuple[int, int, int]) -> "Message":
         if envelope[0] == PROC_NULL:
-            return MESSAGE_NO_PROC
+            return cls(MESSAGE_NO_PROC)  # a handle of its own: receiving it makes it MESSAGE_NULL
         made = cls()
         made._comm, made._envelope = comm, envelope
         return made
@@ -233,10 +233,10 @@ class Message:
         if not isinstance(other, Message):
             return NotImplemented
         if self._envelope is not None or other._envelope is not None:
-            return self is other
+            return self._envelope is other._envelope  # handles of one probed message, as Message(message) makes
         return self._no_proc == other._no_proc
 
-    __hash__ = object.__hash__
+    __hash__ = None  # a handle whose value changes when received, unhashable as mpi4py's
 
     def _take(self):
         """``(comm, source, tag)`` of the message, which is then consumed."""
@@ -248,6 +248,11 @@ class Message:
             raise ValueError("MPI.MESSAGE_NULL holds no message to receive")
         comm, (source, tag, _), self._envelope = self._comm, self._envelope, None
         return comm, source, tag
+
+    def free(self) -> None:
+        """This handle becomes ``MESSAGE_NULL`` (the predefined ones stay as they are), as mpi4py's."""
+        if self is not MESSAGE_NULL and self is not MESSAGE_NO_PROC:
+            self._comm, self._envelope, self._no_proc = None, None, False
 
     def Recv(self, buf, status: Status | None = None) -> None:
         self.Irecv(buf).finish(status)

@@ -237,6 +237,11 @@ class Request:
         self._live("Free")
         self._active, self._work, self._finish = False, None, None
 
+    def free(self) -> None:
+        """``Free`` unless this is ``REQUEST_NULL`` already (mpi4py's ``free`` of every handle)."""
+        if self._active:
+            self.Free()
+
     def _live(self, what: str) -> None:
         if not self._active:
             from .errorcodes import ERR_REQUEST, error
