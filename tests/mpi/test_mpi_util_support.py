@@ -146,3 +146,25 @@ def test_probed_messages_are_handles_freed_and_consumed_one_by_one():
     request.free()
     request.free()
     assert request == MPI.REQUEST_NULL
+
+
+@pytest.mark.parametrize("name,value", [("SHORT_INT", "h"), ("INT_INT", "i"), ("LONG_INT", "l"), ("FLOAT_INT", "f"),
+                                        ("DOUBLE_INT", "d")])
+def test_pair_types_are_named_c_structs_of_a_value_and_an_int(name, value):
+    pair = getattr(MPI, name)
+    record = np.dtype([("value", value), ("index", "i")], align=True)
+    assert pair.is_named and pair.is_predefined and pair.combiner == MPI.COMBINER_NAMED
+    assert (pair.size, pair.extent, pair.lb) == (np.dtype(value).itemsize + 4, record.itemsize, 0)
+    assert (pair.typechar, pair.typestr) == ("V", f"V{record.itemsize}")
+    assert MPI._typecode(pair) is None and MPI._typealign(pair) == record.alignment
+    assert MPI.Datatype.Get_value_index(MPI.Datatype.fromcode(value), MPI.INT) == pair
+    assert MPI.Datatype.Get_value_index(MPI.Datatype.fromcode(value), MPI.SHORT) == MPI.DATATYPE_NULL
+    with pytest.raises(ValueError):
+        pair.tocode()
+    rows = np.zeros(3, record)
+    rows["value"], rows["index"] = [5, -1, 7], [0, 1, 2]
+    packed = bytearray(pair.Pack_size(3, MPI.COMM_SELF))
+    assert pair.Pack(rows, packed, 0, MPI.COMM_SELF) == 3 * pair.size  # the padding is not packed
+    expected = b"".join(row["value"].tobytes() + row["index"].tobytes() for row in rows)
+    assert bytes(packed[:3 * pair.size]) == expected
+    assert MPI.TWOINT == MPI.INT_INT and MPI.INT_INT.name == "MPI_2INT"
