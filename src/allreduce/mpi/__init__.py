@@ -13,13 +13,14 @@ from __future__ import annotations
 from .. import api
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
-from .bufferargs import BOTTOM, IN_PLACE
+from .constants import BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType, BufferAutomaticType, InPlaceType
 from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
 from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, memory, the environment's constants
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
+from .handles import addressof as _addressof, handleof as _handleof, sizeof as _sizeof  # mpi4py's object model
 from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
 from .locks import comm_lock as _comm_lock, comm_lock_table as _comm_lock_table  # mpi4py.util.pkl5's
 from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
@@ -28,7 +29,7 @@ from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
 from .refused import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
-from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Prequest, Request, Status
+from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Grequest, Prequest, Request, Status
 
 Intracomm = Comm
 SUCCESS = 0
@@ -42,7 +43,6 @@ _UNSUPPORTED = {  # module attributes of MPI features this library does not offe
     "Close_port": "dynamic process management (MPI.Close_port)",
     "Lookup_name": "dynamic process management (MPI.Lookup_name)",
     "Publish_name": "dynamic process management (MPI.Publish_name)",
-    "Grequest": "generalized requests (MPI.Grequest)",
     "Get_hw_resource_info": "MPI-4.1 hardware resource information",
 }
 
@@ -76,8 +76,10 @@ def Is_initialized() -> bool:
 def Get_address(location) -> int:
     """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
     from .bufferargs import array_of
-    if location is None or location is BOTTOM:
+    if location is None:
         return 0
+    if isinstance(location, (BottomType, InPlaceType, BufferAutomaticType)):
+        return int(location)
     arr = array_of(location, "location", False)
     return int(arr.__array_interface__["data"][0])
 

@@ -21,27 +21,8 @@ import numpy as np
 from ..buffers import as_array, flat
 from ..uneven import displacements
 from . import dlpack
+from .constants import BOTTOM, IN_PLACE  # noqa: F401 - the collectives take IN_PLACE from here
 from .datatypes import Datatype, datatype_of
-
-
-class _InPlace:
-    """``MPI.IN_PLACE``: the receive buffer also holds this rank's input."""
-
-    def __repr__(self) -> str:
-        return "IN_PLACE"
-
-
-IN_PLACE = _InPlace()
-
-
-class _Bottom:
-    """``MPI.BOTTOM``: address zero, the base of absolute addresses (here: a buffer of no elements)."""
-
-    def __repr__(self) -> str:
-        return "BOTTOM"
-
-
-BOTTOM = _Bottom()
 
 
 class Scattered(np.ndarray):

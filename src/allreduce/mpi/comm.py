@@ -25,6 +25,7 @@ from . import environment, errorcodes
 from .collectives import BufferCollectives
 from .errorcodes import ERR_ARG, ERR_COMM, ERR_KEYVAL, error
 from .groups import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
+from .handles import Handle, constant
 from .info import ERRORS_RETURN, INFO_NULL, Errhandler, Info
 from .messages import PointToPoint
 from .pickled import ObjectCollectives
@@ -63,7 +64,7 @@ class _Handle:
         return self.kind is None and self.group is None
 
 
-class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, FailureMitigation):
+class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollectives, FailureMitigation):
     """An intra-communicator with mpi4py's method names and argument order.
 
     Example (under ``allreduce run -n 2 -- python script.py``)::
@@ -82,7 +83,7 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         elif isinstance(comm, Comm):
             self._handle = comm._handle
         else:
-            raise TypeError(f"Comm() takes a communicator, got {type(comm).__name__}")
+            raise TypeError(f"{type(self).__name__}() takes a communicator, got {type(comm).__name__}")
 
     @classmethod
     def _of(cls, group, kind: str | None = None, name: str = "") -> "Comm":
@@ -162,8 +163,14 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
             return NotImplemented
         return self._handle is other._handle or (self._handle.null and other._handle.null)
 
-    def __hash__(self) -> int:
-        return 0 if self._handle.null else id(self._handle)
+    def _shared(self):
+        return None if self._handle.null else self._handle
+
+    def _is_predefined(self) -> bool:
+        return self._handle.kind is not None
+
+    def _release(self) -> None:
+        self._handle = _Handle()
 
     def __reduce__(self):
         for name, predefined in (("COMM_NULL", COMM_NULL), ("COMM_WORLD", COMM_WORLD), ("COMM_SELF", COMM_SELF)):
@@ -171,9 +178,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
                 return _predefined, (name,)
         for predefined in (COMM_WORLD, COMM_SELF):
             if self._handle is predefined._handle:
-                return Comm, (predefined,)
+                return type(self), (predefined,)
         if self._handle.null:
-            return Comm, ()
+            return type(self), ()
         raise ValueError(f"cannot pickle {self!r}: only the predefined communicators travel")
 
     def __repr__(self) -> str:
@@ -401,9 +408,9 @@ def _predefined(name: str) -> Comm:
     return {"COMM_NULL": COMM_NULL, "COMM_WORLD": COMM_WORLD, "COMM_SELF": COMM_SELF}[name]
 
 
-COMM_WORLD = Comm._of(None, "world", "MPI_COMM_WORLD")
-COMM_SELF = Comm._of(None, "self", "MPI_COMM_SELF")
-COMM_NULL = Comm()
+COMM_WORLD = constant(Comm._of(None, "world", "MPI_COMM_WORLD"))
+COMM_SELF = constant(Comm._of(None, "self", "MPI_COMM_SELF"))
+COMM_NULL = constant(Comm())
 _finalize_at_exit: list = []  # set once this module has joined the default group itself
 
 

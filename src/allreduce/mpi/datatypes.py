@@ -25,12 +25,13 @@ from .constructors import (  # noqa: F401 - MPI's combiner names are module attr
 from . import derived
 from .derived import Layout
 from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
+from .handles import Handle, constant
 
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 
 @dataclass(eq=False)
-class Datatype(Constructors):
+class Datatype(Handle, Constructors):
     """An element type: a numpy dtype, or a derived layout of basic dtypes (:mod:`.derived`).
 
     Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL``. A
@@ -264,14 +265,22 @@ class Datatype(Constructors):
             return NotImplemented
         return self.origin is other.origin or (self.dtype is None and other.dtype is None)
 
-    def __hash__(self) -> int:
-        return id(self.origin) if self.dtype is not None else 0
+    __hash__ = None
+
+    def _shared(self):
+        return None if self.dtype is None else self.origin
+
+    def _is_predefined(self) -> bool:
+        return self.is_predefined
+
+    def _release(self) -> None:
+        self.__dict__.update(DATATYPE_NULL.__dict__)
 
     def __reduce__(self):
         if self.combiner == COMBINER_NAMED and self.name in _NAMED:
             named = _NAMED[self.name]
-            return (_named, (self.name,)) if self is named else (Datatype, (named,))
-        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.layout, self.recipe)
+            return (_named, (self.name,)) if self is named else (type(self), (named,))
+        return type(self), (self.dtype, self.name, self.count, self.combiner, self.layout, self.recipe)
 
     def __repr__(self) -> str:
         return f"<Datatype {self.name or self.combiner_name}>"
@@ -302,7 +311,7 @@ def _named(name: str) -> Datatype:
 
 
 def _predefined(name: str, dtype) -> Datatype:
-    made = Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}")
+    made = constant(Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}"))
     _NAMED[made.name] = made
     return made
 
@@ -379,7 +388,8 @@ def _pair(name: str, value: Datatype) -> Datatype:
     the stricter alignment of the two); predefined and named, as in MPI."""
     record = np.dtype([("value", value.dtype), ("index", np.intc)], align=True)
     layout = derived.aligned(derived.merged([(value.typemap, 1, 0), (INT.typemap, 1, record.fields["index"][1])]))
-    made = Datatype(layout.basic, f"MPI_{name}", layout.size // layout.basic.itemsize, COMBINER_NAMED, layout)
+    made = constant(Datatype(layout.basic, f"MPI_{name}", layout.size // layout.basic.itemsize, COMBINER_NAMED,
+                             layout))
     _NAMED[made.name] = made
     _PAIRS.append((made, value))
     return made

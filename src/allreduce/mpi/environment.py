@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import socket
-import sys
 import threading
 import time
 
@@ -23,7 +22,6 @@ from .errorcodes import ERR_ARG, ERR_BUFFER, error
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 VERSION, SUBVERSION = 3, 1
 BSEND_OVERHEAD = 128
-BUFFER_AUTOMATIC = None  # set below, once buffer exists
 KEYVAL_INVALID = -1
 TAG_UB, IO, WTIME_IS_GLOBAL, APPNUM, LASTUSEDCODE, UNIVERSE_SIZE = 0, 2, 3, 4, 5, 6  # attribute keys of a Comm
 MAX_PROCESSOR_NAME, MAX_ERROR_STRING, MAX_LIBRARY_VERSION_STRING, MAX_OBJECT_NAME = 256, 256, 256, 64
@@ -87,14 +85,7 @@ def Pcontrol(level: int) -> None:
         raise error(ERR_ARG, f"Pcontrol level must be >= 0, got {level}")
 
 
-def _exporter_base() -> type:
-    """The base that gives ``__buffer__`` its meaning: Python's own from 3.12, the compiled
-    ``Exporter`` before (without it, ``memoryview(buffer)`` is refused on 3.11)."""
-    module = None if sys.version_info >= (3, 12) else native.load("exporter")[0]
-    return object if module is None else module.Exporter
-
-
-class buffer(_exporter_base()):  # noqa: N801 - mpi4py's name
+class buffer(native.exporter_base()):  # noqa: N801 - mpi4py's name
     """Raw memory as mpi4py shows it: bytes with an ``address``, the object that owns them, and the
     buffer protocol (one-dimensional, format ``B``)."""
 
@@ -182,7 +173,6 @@ class buffer(_exporter_base()):  # noqa: N801 - mpi4py's name
         self._view, self.obj = memoryview(bytearray()), None
 
 
-BUFFER_AUTOMATIC = buffer()
 _attached: list = []
 
 
@@ -209,7 +199,10 @@ def Detach_buffer():
     if not _attached:
         raise error(ERR_BUFFER, "no buffer is attached")
     got = _attached.pop()
-    return BUFFER_AUTOMATIC if got is None else got
+    if got is None:
+        from .constants import BUFFER_AUTOMATIC
+        return BUFFER_AUTOMATIC
+    return got
 
 
 def Flush_buffer() -> None:
