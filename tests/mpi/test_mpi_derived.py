@@ -181,3 +181,49 @@ def test_derived_types_between_ranks_match_numpy(size):
         bcast = mats[rank].copy()
         bcast[:, cols - 1] = mats[size - 1][:, cols - 1]
         assert got["bcast"] == bcast.tolist()
+
+
+@pytest.mark.parametrize("gsizes,psizes", [([7], [3]), ([5, 6], [2, 3]), ([4, 1, 3], [2, 1, 2]), ([2, 3], [3, 1])])
+@pytest.mark.parametrize("distrib", [MPI.DISTRIBUTE_BLOCK, MPI.DISTRIBUTE_CYCLIC])
+@pytest.mark.parametrize("order", [MPI.ORDER_C, MPI.ORDER_FORTRAN])
+def test_darray_types_of_every_rank_pick_each_element_once_as_numpy_deals_them(gsizes, psizes, distrib, order):
+    size, layout = int(np.prod(psizes)), "F" if order == MPI.ORDER_FORTRAN else "C"
+    whole = np.arange(int(np.prod(gsizes)), dtype=np.float64).reshape(gsizes, order=layout)
+    seen = []
+    for rank in range(size):
+        coords = np.unravel_index(rank, psizes)  # the process grid is row-major
+        picks = []
+        for g, p, c in zip(gsizes, psizes, coords):
+            block = -(-g // p)
+            picks.append([i for i in range(g) if (i // block == c if distrib == MPI.DISTRIBUTE_BLOCK else i % p == c)])
+        expected = whole[np.ix_(*picks)].reshape(-1, order=layout)
+        darray = MPI.DOUBLE.Create_darray(size, rank, gsizes, [distrib] * len(gsizes),
+                                          [MPI.DISTRIBUTE_DFLT_DARG] * len(gsizes), psizes, order).Commit()
+        assert darray.extent == whole.nbytes and darray.size == expected.nbytes
+        assert _packed(darray, whole.reshape(-1, order=layout)).tolist() == expected.tolist()
+        old, name, params = darray.decode()
+        assert old == MPI.DOUBLE and name == "DARRAY" and MPI.DOUBLE.Create_darray(**params).size == darray.size
+        seen += expected.tolist()
+    assert sorted(seen) == sorted(whole.reshape(-1).tolist())  # every element, once
+
+
+def test_darray_cyclic_blocks_and_bad_grids():
+    cyclic = MPI.INT.Create_darray(2, 1, [10], [MPI.DISTRIBUTE_CYCLIC], [3], [2]).Commit()
+    assert _packed(cyclic, np.arange(10, dtype=np.intc)).tolist() == [3, 4, 5, 9]
+    with pytest.raises(ValueError):
+        MPI.INT.Create_darray(4, 0, [10], [MPI.DISTRIBUTE_BLOCK], [2], [4])  # blocks of 2 do not cover 10
+    with pytest.raises(ValueError):
+        MPI.INT.Create_darray(3, 0, [10], [MPI.DISTRIBUTE_BLOCK], [MPI.DISTRIBUTE_DFLT_DARG], [2])
+
+
+@pytest.mark.parametrize("nnodes,dims,expected", [(4, [0], [4]), (8, 3, [2, 2, 2]), (12, [0, 0], [4, 3]),
+                                                  (12, [0, 3, 0], [2, 3, 2]), (1, 2, [1, 1]), (7, 2, [7, 1]),
+                                                  (36, 3, [4, 3, 3])])
+def test_compute_dims_balances_the_grid(nnodes, dims, expected):
+    assert MPI.Compute_dims(nnodes, dims) == expected
+    assert int(np.prod(expected)) == nnodes
+
+
+def test_compute_dims_refuses_fixed_sizes_that_do_not_divide():
+    with pytest.raises(MPI.Exception):
+        MPI.Compute_dims(10, [3, 0])

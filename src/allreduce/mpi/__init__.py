@@ -84,6 +84,36 @@ def Get_address(location) -> int:
     return int(arr.__array_interface__["data"][0])
 
 
+def Compute_dims(nnodes: int, dims) -> list[int]:
+    """A grid of ``nnodes`` processes as balanced as it can be (``MPI_Dims_create``): ``dims`` is the
+    number of dimensions, or one entry per dimension, ``0`` where the size is free; the free sizes
+    come out in non-increasing order.
+
+    Raises:
+        MPI.Exception: ``ERR_DIMS`` where the fixed sizes do not divide ``nnodes``.
+    """
+    from .errorcodes import ERR_DIMS, error
+    dims = [0] * int(dims) if isinstance(dims, int) else [int(d) for d in dims]
+    fixed = 1
+    for d in dims:
+        fixed *= d if d > 0 else 1
+    if int(nnodes) < 0 or any(d < 0 for d in dims) or int(nnodes) % fixed:
+        raise error(ERR_DIMS, f"{nnodes} processes do not fill a grid {dims}")
+    free = [1] * dims.count(0)
+    left, factor = int(nnodes) // fixed, 2
+    primes = []
+    while left > 1:  # its prime factors, largest first, each to the free dimension now smallest
+        while left % factor == 0:
+            primes.append(factor)
+            left //= factor
+        factor += 1
+    for prime in reversed(primes):
+        if free:
+            free[free.index(min(free))] *= prime
+    free.sort(reverse=True)
+    return [d if d > 0 else free.pop(0) for d in dims]
+
+
 def Aint_add(base: int, disp: int) -> int:
     return int(base) + int(disp)
 

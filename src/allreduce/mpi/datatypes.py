@@ -5,7 +5,6 @@ extents, envelopes and contents, typecodes).
 ``LONG_DOUBLE`` and its complex are ``DATATYPE_NULL``, as in mpi4py on an MPI without them: the
 collectives carry no such dtype. The MINLOC/MAXLOC pair types (``FLOAT_INT``...) are named types laid
 out as C's ``struct {value; int}`` (``LONG_DOUBLE_INT``, whose value is a long double, is null).
-Distributed-array types (``Create_darray``) raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -288,14 +287,13 @@ class Datatype(Handle, Constructors):
 
 def _refused(name: str):
     def refused(*args, **kwargs):
-        raise NotImplementedError(f"derived datatypes of distributed arrays ({name}) are not supported by "
-                                  "allreduce.MPI; describe the local block with Create_subarray")
+        raise NotImplementedError(f"Datatype.{name} (MPI 4.1) is not supported by allreduce.MPI; "
+                                  "Get_value_index gives the predefined pair types")
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not supported: {name} (raises NotImplementedError)."
     return refused
 
 
-Datatype.Create_darray = _refused("Create_darray")  # mpi4py's name exists, and says what is missing
 Datatype.Create_value_index = _refused("Create_value_index")
 
 
