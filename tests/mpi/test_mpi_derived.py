@@ -227,3 +227,40 @@ def test_compute_dims_balances_the_grid(nnodes, dims, expected):
 def test_compute_dims_refuses_fixed_sizes_that_do_not_divide():
     with pytest.raises(MPI.Exception):
         MPI.Compute_dims(10, [3, 0])
+
+
+def alltoallw_at_absolute_addresses(rank, size):
+    """Alltoallw of MPI.BOTTOM with struct types of absolute addresses: block r of a strided matrix
+    column to rank r, received into every other element of a row (only those are written)."""
+    from allreduce import MPI
+
+    n = 3  # elements per block, a prime
+    sent = (np.arange(size * n * 2, dtype=np.int64) + 1000 * rank).reshape(size * n, 2)  # column 0 moves
+    got = np.full(size * n * 2, -1, np.int64)
+    every_other = MPI.INT64_T.Create_vector(n, 1, 2).Commit()
+    column = MPI.INT64_T.Create_vector(n, 1, 2).Commit()
+    at = MPI.Get_address
+    stypes = [MPI.Datatype.Create_struct([1], [at(sent) + r * n * 2 * 8], [column]).Commit() for r in range(size)]
+    rtypes = [MPI.Datatype.Create_struct([1], [at(got) + r * n * 2 * 8], [every_other]).Commit() for r in range(size)]
+    MPI.COMM_WORLD.Alltoallw((MPI.BOTTOM, ([1] * size, [0] * size), stypes),
+                             (MPI.BOTTOM, ([1] * size, [0] * size), rtypes))
+    return got.tolist()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_alltoallw_reads_and_writes_absolute_addresses_from_bottom(size):
+    from support.harness import run_ranks
+
+    n = 3
+    for rank, got in enumerate(run_ranks(alltoallw_at_absolute_addresses, size)):
+        expected = np.full(size * n * 2, -1, np.int64)
+        for r in range(size):  # rank r's rows r*n..r*n+n-1, column 0, into every other element of block r
+            expected[r * n * 2:(r + 1) * n * 2:2] = (np.arange(size * n * 2) + 1000 * r).reshape(size * n, 2)[
+                rank * n:(rank + 1) * n, 0]
+        assert got == expected.tolist()
+
+
+def test_bottom_with_relative_displacements_is_refused():
+    relative = (MPI.BOTTOM, ([1], [0]), [MPI.INT])  # displacement 0: not an address
+    with pytest.raises(ValueError, match="absolute addresses"):
+        MPI.COMM_SELF.Alltoallw(relative, (np.zeros(1, np.intc), ([1], [0]), [MPI.INT]))

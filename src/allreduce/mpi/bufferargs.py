@@ -16,6 +16,8 @@ once done, which writes the elements back where the datatype lays them.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from ..buffers import as_array, flat
@@ -233,6 +235,21 @@ def _elements(data, datatype, what: str, writable: bool) -> tuple[np.ndarray, in
             raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
         arr = arr.view(np.uint8).view(basic)
     return arr, datatype.count
+
+
+def absolute(datatype: Datatype, count: int, displ: int, writable: bool) -> np.ndarray:
+    """The elements of ``count`` items of ``datatype`` at ``MPI.BOTTOM + displ``: its offsets are
+    absolute addresses (``MPI.Get_address``), read (and written back, if ``writable``) in place."""
+    if count <= 0 or datatype.size == 0:
+        return np.empty(0, datatype._basic())
+    layout = datatype.typemap
+    low = int(displ) + layout.true_bounds[0]
+    nbytes = (count - 1) * layout.extent + layout.true_bounds[1] - layout.true_bounds[0]
+    if low <= 0:
+        raise ValueError(f"MPI.BOTTOM with {datatype.Get_name() or 'a datatype'} whose data starts at address "
+                         f"{low}: its displacements must be absolute addresses (MPI.Get_address)")
+    raw = np.frombuffer((ctypes.c_char * nbytes).from_address(low), np.uint8)
+    return _packed(raw, layout.shifted(low - int(displ)), writable)[:count * datatype.count]
 
 
 def _packed(raw: np.ndarray, layout, writable: bool) -> np.ndarray:

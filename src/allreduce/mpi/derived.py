@@ -94,6 +94,10 @@ class Layout:
             return 1 if self.size else 0
         return (nbytes - high) // self.extent + 1
 
+    def shifted(self, by: int) -> "Layout":
+        """This layout with every offset and bound ``by`` bytes lower (its bytes seen from ``by``)."""
+        return Layout(self.offsets - by, self.kinds, self.basics, self.lb - by, self.ub - by)
+
     def pack(self, raw: np.ndarray, count: int, start: int = 0) -> np.ndarray:
         """The bytes of ``count`` elements of ``raw`` (a flat uint8 array), packed back to back."""
         return raw[self.index(count, start)]
