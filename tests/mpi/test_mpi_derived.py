@@ -181,3 +181,86 @@ def test_derived_types_between_ranks_match_numpy(size):
         bcast = mats[rank].copy()
         bcast[:, cols - 1] = mats[size - 1][:, cols - 1]
         assert got["bcast"] == bcast.tolist()
+
+
+@pytest.mark.parametrize("gsizes,psizes", [([7], [3]), ([5, 6], [2, 3]), ([4, 1, 3], [2, 1, 2]), ([2, 3], [3, 1])])
+@pytest.mark.parametrize("distrib", [MPI.DISTRIBUTE_BLOCK, MPI.DISTRIBUTE_CYCLIC])
+@pytest.mark.parametrize("order", [MPI.ORDER_C, MPI.ORDER_FORTRAN])
+def test_darray_types_of_every_rank_pick_each_element_once_as_numpy_deals_them(gsizes, psizes, distrib, order):
+    size, layout = int(np.prod(psizes)), "F" if order == MPI.ORDER_FORTRAN else "C"
+    whole = np.arange(int(np.prod(gsizes)), dtype=np.float64).reshape(gsizes, order=layout)
+    seen = []
+    for rank in range(size):
+        coords = np.unravel_index(rank, psizes)  # the process grid is row-major
+        picks = []
+        for g, p, c in zip(gsizes, psizes, coords):
+            block = -(-g // p)
+            picks.append([i for i in range(g) if (i // block == c if distrib == MPI.DISTRIBUTE_BLOCK else i % p == c)])
+        expected = whole[np.ix_(*picks)].reshape(-1, order=layout)
+        darray = MPI.DOUBLE.Create_darray(size, rank, gsizes, [distrib] * len(gsizes),
+                                          [MPI.DISTRIBUTE_DFLT_DARG] * len(gsizes), psizes, order).Commit()
+        assert darray.extent == whole.nbytes and darray.size == expected.nbytes
+        assert _packed(darray, whole.reshape(-1, order=layout)).tolist() == expected.tolist()
+        old, name, params = darray.decode()
+        assert old == MPI.DOUBLE and name == "DARRAY" and MPI.DOUBLE.Create_darray(**params).size == darray.size
+        seen += expected.tolist()
+    assert sorted(seen) == sorted(whole.reshape(-1).tolist())  # every element, once
+
+
+def test_darray_cyclic_blocks_and_bad_grids():
+    cyclic = MPI.INT.Create_darray(2, 1, [10], [MPI.DISTRIBUTE_CYCLIC], [3], [2]).Commit()
+    assert _packed(cyclic, np.arange(10, dtype=np.intc)).tolist() == [3, 4, 5, 9]
+    with pytest.raises(ValueError):
+        MPI.INT.Create_darray(4, 0, [10], [MPI.DISTRIBUTE_BLOCK], [2], [4])  # blocks of 2 do not cover 10
+    with pytest.raises(ValueError):
+        MPI.INT.Create_darray(3, 0, [10], [MPI.DISTRIBUTE_BLOCK], [MPI.DISTRIBUTE_DFLT_DARG], [2])
+
+
+@pytest.mark.parametrize("nnodes,dims,expected", [(4, [0], [4]), (8, 3, [2, 2, 2]), (12, [0, 0], [4, 3]),
+                                                  (12, [0, 3, 0], [2, 3, 2]), (1, 2, [1, 1]), (7, 2, [7, 1]),
+                                                  (36, 3, [4, 3, 3])])
+def test_compute_dims_balances_the_grid(nnodes, dims, expected):
+    assert MPI.Compute_dims(nnodes, dims) == expected
+    assert int(np.prod(expected)) == nnodes
+
+
+def test_compute_dims_refuses_fixed_sizes_that_do_not_divide():
+    with pytest.raises(MPI.Exception):
+        MPI.Compute_dims(10, [3, 0])
+
+
+def alltoallw_at_absolute_addresses(rank, size):
+    """Alltoallw of MPI.BOTTOM with struct types of absolute addresses: block r of a strided matrix
+    column to rank r, received into every other element of a row (only those are written)."""
+    from allreduce import MPI
+
+    n = 3  # elements per block, a prime
+    sent = (np.arange(size * n * 2, dtype=np.int64) + 1000 * rank).reshape(size * n, 2)  # column 0 moves
+    got = np.full(size * n * 2, -1, np.int64)
+    every_other = MPI.INT64_T.Create_vector(n, 1, 2).Commit()
+    column = MPI.INT64_T.Create_vector(n, 1, 2).Commit()
+    at = MPI.Get_address
+    stypes = [MPI.Datatype.Create_struct([1], [at(sent) + r * n * 2 * 8], [column]).Commit() for r in range(size)]
+    rtypes = [MPI.Datatype.Create_struct([1], [at(got) + r * n * 2 * 8], [every_other]).Commit() for r in range(size)]
+    MPI.COMM_WORLD.Alltoallw((MPI.BOTTOM, ([1] * size, [0] * size), stypes),
+                             (MPI.BOTTOM, ([1] * size, [0] * size), rtypes))
+    return got.tolist()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_alltoallw_reads_and_writes_absolute_addresses_from_bottom(size):
+    from support.harness import run_ranks
+
+    n = 3
+    for rank, got in enumerate(run_ranks(alltoallw_at_absolute_addresses, size)):
+        expected = np.full(size * n * 2, -1, np.int64)
+        for r in range(size):  # rank r's rows r*n..r*n+n-1, column 0, into every other element of block r
+            expected[r * n * 2:(r + 1) * n * 2:2] = (np.arange(size * n * 2) + 1000 * r).reshape(size * n, 2)[
+                rank * n:(rank + 1) * n, 0]
+        assert got == expected.tolist()
+
+
+def test_bottom_with_relative_displacements_is_refused():
+    relative = (MPI.BOTTOM, ([1], [0]), [MPI.INT])  # displacement 0: not an address
+    with pytest.raises(ValueError, match="absolute addresses"):
+        MPI.COMM_SELF.Alltoallw(relative, (np.zeros(1, np.intc), ([1], [0]), [MPI.INT]))

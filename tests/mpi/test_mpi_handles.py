@@ -230,7 +230,10 @@ def test_a_probed_message_is_received_once_and_no_proc_stays():
     got = np.zeros(3)
     message.Recv(got)
     assert got.tolist() == [0.0, 1.0, 2.0] and message == MPI.MESSAGE_NULL
-    assert MPI.COMM_SELF.Mprobe(MPI.PROC_NULL) is MPI.MESSAGE_NO_PROC
+    probed = MPI.COMM_SELF.Mprobe(MPI.PROC_NULL)
+    assert probed == MPI.MESSAGE_NO_PROC and probed is not MPI.MESSAGE_NO_PROC
+    probed.Recv(None)
+    assert probed == MPI.MESSAGE_NULL and MPI.MESSAGE_NO_PROC  # a handle of its own is consumed
     copy = MPI.Message(MPI.MESSAGE_NO_PROC)
     copy.Recv(None)
     assert copy == MPI.MESSAGE_NULL and MPI.MESSAGE_NO_PROC  # the copy is consumed, the constant is not

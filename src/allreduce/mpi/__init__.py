@@ -10,25 +10,27 @@ docs/mpi.md.
 
 from __future__ import annotations
 
-import pickle as _pickle
-
 from .. import api
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
-from .bufferargs import BOTTOM, IN_PLACE
+from .constants import BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType, BufferAutomaticType, InPlaceType
+from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
 from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
 from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
 from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
+from .handles import addressof as _addressof, handleof as _handleof, sizeof as _sizeof  # mpi4py's object model
 from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
+from .locks import comm_lock as _comm_lock, comm_lock_table as _comm_lock_table  # mpi4py.util.pkl5's
 from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+from .pickler import Pickle, pickle
 from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
 from .refused import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
-from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Prequest, Request, Status
+from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Grequest, Prequest, Request, Status
 
 Intracomm = Comm
 SUCCESS = 0
@@ -42,7 +44,6 @@ _UNSUPPORTED = {  # module attributes of MPI features this library does not offe
     "Close_port": "dynamic process management (MPI.Close_port)",
     "Lookup_name": "dynamic process management (MPI.Lookup_name)",
     "Publish_name": "dynamic process management (MPI.Publish_name)",
-    "Grequest": "generalized requests (MPI.Grequest)",
     "Get_hw_resource_info": "MPI-4.1 hardware resource information",
 }
 
@@ -76,10 +77,42 @@ def Is_initialized() -> bool:
 def Get_address(location) -> int:
     """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
     from .bufferargs import array_of
-    if location is None or location is BOTTOM:
+    if location is None:
         return 0
+    if isinstance(location, (BottomType, InPlaceType, BufferAutomaticType)):
+        return int(location)
     arr = array_of(location, "location", False)
     return int(arr.__array_interface__["data"][0])
+
+
+def Compute_dims(nnodes: int, dims) -> list[int]:
+    """A grid of ``nnodes`` processes as balanced as it can be (``MPI_Dims_create``): ``dims`` is the
+    number of dimensions, or one entry per dimension, ``0`` where the size is free; the free sizes
+    come out in non-increasing order.
+
+    Raises:
+        MPI.Exception: ``ERR_DIMS`` where the fixed sizes do not divide ``nnodes``.
+    """
+    from .errorcodes import ERR_DIMS, error
+    dims = [0] * int(dims) if isinstance(dims, int) else [int(d) for d in dims]
+    fixed = 1
+    for d in dims:
+        fixed *= d if d > 0 else 1
+    if int(nnodes) < 0 or any(d < 0 for d in dims) or int(nnodes) % fixed:
+        raise error(ERR_DIMS, f"{nnodes} processes do not fill a grid {dims}")
+    free = [1] * dims.count(0)
+    left, factor = int(nnodes) // fixed, 2
+    primes = []
+    while left > 1:  # its prime factors, largest first, each to the free dimension now smallest
+        while left % factor == 0:
+            primes.append(factor)
+            left //= factor
+        factor += 1
+    for prime in reversed(primes):
+        if free:
+            free[free.index(min(free))] *= prime
+    free.sort(reverse=True)
+    return [d if d > 0 else free.pop(0) for d in dims]
 
 
 def Aint_add(base: int, disp: int) -> int:
@@ -88,23 +121,3 @@ def Aint_add(base: int, disp: int) -> int:
 
 def Aint_diff(addr1: int, addr2: int) -> int:
     return int(addr1) - int(addr2)
-
-
-class Pickle:
-    """How the object methods serialize: ``dumps``/``loads`` (pickle, highest protocol), as mpi4py's."""
-
-    def __init__(self, dumps=_pickle.dumps, loads=_pickle.loads, protocol: int | None = None):
-        self._dumps, self._loads = dumps, loads
-        if protocol is None and dumps is _pickle.dumps:
-            protocol = _pickle.HIGHEST_PROTOCOL
-        self.PROTOCOL = protocol  # None: dumps(obj) is called without one, as for json or yaml
-        self.THRESHOLD = 1024 ** 2 * 256
-
-    def dumps(self, obj) -> bytes:
-        return self._dumps(obj) if self.PROTOCOL is None else self._dumps(obj, self.PROTOCOL)
-
-    def loads(self, data):
-        return self._loads(data)
-
-
-pickle = Pickle()

@@ -16,6 +16,7 @@ once done, which writes the elements back where the datatype lays them.
 
 from __future__ import annotations
 
+import ctypes
 import operator
 
 import numpy as np
@@ -24,28 +25,9 @@ from ..buffers import as_array
 from ..dtypes import code_of
 from ..uneven import displacements
 from . import cudaiface, dlpack
+from .constants import BOTTOM, IN_PLACE  # noqa: F401 - the collectives take IN_PLACE from here
 from .datatypes import Datatype, datatype_of
 from .memregion import HOST_DEVICES, Region
-
-
-class _InPlace:
-    """``MPI.IN_PLACE``: the receive buffer also holds this rank's input."""
-
-    def __repr__(self) -> str:
-        return "IN_PLACE"
-
-
-IN_PLACE = _InPlace()
-
-
-class _Bottom:
-    """``MPI.BOTTOM``: address zero, the base of absolute addresses (here: a buffer of no elements)."""
-
-    def __repr__(self) -> str:
-        return "BOTTOM"
-
-
-BOTTOM = _Bottom()
 
 
 class Scattered(np.ndarray):
@@ -302,6 +284,21 @@ def _elements(data, datatype, what: str, writable: bool, exact: bool) -> tuple[n
             raise ValueError(f"{what}: {arr.nbytes} bytes are not a whole number of {datatype.name}")
         arr = arr.view(np.uint8)[:arr.nbytes - left].view(basic)
     return arr, datatype.count
+
+
+def absolute(datatype: Datatype, count: int, displ: int, writable: bool) -> np.ndarray:
+    """The elements of ``count`` items of ``datatype`` at ``MPI.BOTTOM + displ``: its offsets are
+    absolute addresses (``MPI.Get_address``), read (and written back, if ``writable``) in place."""
+    if count <= 0 or datatype.size == 0:
+        return np.empty(0, datatype._basic())
+    layout = datatype.typemap
+    low = int(displ) + layout.true_bounds[0]
+    nbytes = (count - 1) * layout.extent + layout.true_bounds[1] - layout.true_bounds[0]
+    if low <= 0:
+        raise ValueError(f"MPI.BOTTOM with {datatype.Get_name() or 'a datatype'} whose data starts at address "
+                         f"{low}: its displacements must be absolute addresses (MPI.Get_address)")
+    raw = np.frombuffer((ctypes.c_char * nbytes).from_address(low), np.uint8)
+    return _packed(raw, layout.shifted(low - int(displ)), writable)[:count * datatype.count]
 
 
 def _packed(raw: np.ndarray, layout, writable: bool) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import ReduceOp
-from .bufferargs import IN_PLACE, array_of, blocked, simple, vector, written
+from .bufferargs import BOTTOM, IN_PLACE, absolute, array_of, blocked, simple, vector, written
 from .errorcodes import ERR_ROOT, Exception as MPIException, error
 from .requests import Request
 
@@ -119,6 +119,8 @@ class BufferCollectives:
         g = self.process_group()
         root = check_root(root, g.size)
         target = simple(buf, "buf", g.rank != root)
+        if not target.flags.writeable:  # the root only reads its buffer (bytes, say); what moves is a copy
+            target = target.copy()
         return Request(api.broadcast(target, root, g, async_op=True)).then(lambda: written(target))
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -267,6 +269,7 @@ class BufferCollectives:
                     raise ValueError(f"Alltoallw: rank {r} sent {block.nbytes} bytes; block {r} of recvbuf holds "
                                      f"{target.nbytes}")
                 target.view(np.uint8)[:] = block.view(np.uint8)
+            written(*recv_blocks)
         uneven.all_to_all(g, sent, deliver)
         return done()
 
@@ -278,11 +281,13 @@ def _typed_blocks(spec, size: int, what: str, writable: bool) -> list[np.ndarray
         data, (counts, displs), types = spec
     else:
         data, counts, displs, types = spec
-    raw = array_of(data, what, writable).reshape(-1).view(np.uint8)
     if not isinstance(types, (list, tuple)):
         types = [types] * size
     if not len(counts) == len(displs) == len(types) == size:
         raise ValueError(f"{what}: needs one count, displacement and type per rank ({size})")
+    if data is BOTTOM:  # every type's displacements are absolute addresses
+        return [absolute(t, int(c), int(d), writable) for c, d, t in zip(counts, displs, types)]
+    raw = array_of(data, what, writable).reshape(-1).view(np.uint8)
     blocks = []
     for count, displ, datatype in zip(counts, displs, types):
         nbytes = int(count) * datatype.Get_size()

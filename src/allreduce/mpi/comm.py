@@ -25,6 +25,7 @@ from . import environment, errorcodes
 from .collectives import BufferCollectives
 from .errorcodes import ERR_ARG, ERR_COMM, ERR_KEYVAL, error
 from .groups import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
+from .handles import Handle, constant
 from .info import ERRORS_RETURN, INFO_NULL, Errhandler, Info
 from .messages import PointToPoint
 from .pickled import ObjectCollectives
@@ -63,7 +64,7 @@ class _Handle:
         return self.kind is None and self.group is None
 
 
-class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, FailureMitigation):
+class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollectives, FailureMitigation):
     """An intra-communicator with mpi4py's method names and argument order.
 
     Example (under ``allreduce run -n 2 -- python script.py``)::
@@ -73,13 +74,16 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         comm.allreduce(comm.rank + 1)          # both: 3
     """
 
+    def __new__(cls, comm: "Comm | None" = None):
+        return super().__new__(cls)  # mpi4py's subclasses (mpi4py.util.pkl5) call Comm.__new__(cls, comm)
+
     def __init__(self, comm: "Comm | None" = None):
         if comm is None:
             self._handle = _Handle()
         elif isinstance(comm, Comm):
             self._handle = comm._handle
         else:
-            raise TypeError(f"Comm() takes a communicator, got {type(comm).__name__}")
+            raise TypeError(f"{type(self).__name__}() takes a communicator, got {type(comm).__name__}")
 
     @classmethod
     def _of(cls, group, kind: str | None = None, name: str = "") -> "Comm":
@@ -159,8 +163,14 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
             return NotImplemented
         return self._handle is other._handle or (self._handle.null and other._handle.null)
 
-    def __hash__(self) -> int:
-        return 0 if self._handle.null else id(self._handle)
+    def _shared(self):
+        return None if self._handle.null else self._handle
+
+    def _is_predefined(self) -> bool:
+        return self._handle.kind is not None
+
+    def _release(self) -> None:
+        self._handle = _Handle()
 
     def __reduce__(self):
         for name, predefined in (("COMM_NULL", COMM_NULL), ("COMM_WORLD", COMM_WORLD), ("COMM_SELF", COMM_SELF)):
@@ -168,9 +178,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
                 return _predefined, (name,)
         for predefined in (COMM_WORLD, COMM_SELF):
             if self._handle is predefined._handle:
-                return Comm, (predefined,)
+                return type(self), (predefined,)
         if self._handle.null:
-            return Comm, ()
+            return type(self), ()
         raise ValueError(f"cannot pickle {self!r}: only the predefined communicators travel")
 
     def __repr__(self) -> str:
@@ -214,18 +224,27 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         self.process_group()
         if keyval not in _KEYVALS:
             raise error(ERR_KEYVAL, f"{keyval} is not an attribute key")
-        self._handle.attrs.pop(keyval, None)
+        if keyval in self._handle.attrs:
+            self._deleted(keyval, self._handle.attrs.pop(keyval))
+
+    def _deleted(self, keyval: int, attrval) -> None:
+        """Call the key's ``delete_fn`` on an attribute leaving the communicator, as MPI does."""
+        delete_fn = _KEYVALS.get(keyval)
+        if delete_fn is not None:
+            delete_fn(self, keyval, attrval)
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython: bool = False) -> int:
-        """A new attribute key (copy and delete callbacks are accepted; ``Dup`` copies no attribute)."""
+        """A new attribute key; ``delete_fn(comm, keyval, attrval)`` is called when an attribute of it
+        leaves a communicator (``Delete_attr``, ``Free``); ``copy_fn`` is accepted (``Dup`` copies no
+        attribute)."""
         key = max(_KEYVALS, default=100) + 1
-        _KEYVALS.add(key)
+        _KEYVALS[key] = delete_fn
         return key
 
     @classmethod
     def Free_keyval(cls, keyval: int) -> int:
-        _KEYVALS.discard(keyval)
+        _KEYVALS.pop(keyval, None)
         return environment.KEYVAL_INVALID
 
     def Get_info(self) -> Info:
@@ -279,9 +298,9 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         return self.Split(color, key)
 
     def Dup(self, info: Info | None = None) -> "Comm":
-        """A communicator of the same ranks whose messages and collectives never meet this one's.
-        ``info`` hints are accepted and, as MPI allows, ignored."""
-        made = Comm._of(api.split_group(self.process_group()))
+        """A communicator of the same ranks, and of this one's class, whose messages and collectives
+        never meet this one's. ``info`` hints are accepted and, as MPI allows, ignored."""
+        made = type(self)._of(api.split_group(self.process_group()))
         made._handle.info = (info or self._handle.info).Dup() if (info or self._handle.info) else Info.Create()
         return made
 
@@ -323,6 +342,8 @@ class Comm(BufferCollectives, Reductions, PointToPoint, ObjectCollectives, Failu
         handle = self._handle
         if handle.null or handle.kind is not None:
             raise error(ERR_COMM, f"{self.Get_name() or 'this communicator'} cannot be freed")
+        for keyval in list(handle.attrs):
+            self._deleted(keyval, handle.attrs.pop(keyval))
         if handle.group is not None:
             api.destroy_process_group(handle.group)
         self._handle = _Handle()
@@ -380,16 +401,16 @@ class Intercomm(Comm):
         self._refuse("Merge")
 
 
-_KEYVALS: set[int] = set()
+_KEYVALS: dict[int, object] = {}  # attribute keys and their delete_fn (None: none)
 
 
 def _predefined(name: str) -> Comm:
     return {"COMM_NULL": COMM_NULL, "COMM_WORLD": COMM_WORLD, "COMM_SELF": COMM_SELF}[name]
 
 
-COMM_WORLD = Comm._of(None, "world", "MPI_COMM_WORLD")
-COMM_SELF = Comm._of(None, "self", "MPI_COMM_SELF")
-COMM_NULL = Comm()
+COMM_WORLD = constant(Comm._of(None, "world", "MPI_COMM_WORLD"))
+COMM_SELF = constant(Comm._of(None, "self", "MPI_COMM_SELF"))
+COMM_NULL = constant(Comm())
 _finalize_at_exit: list = []  # set once this module has joined the default group itself
 
 

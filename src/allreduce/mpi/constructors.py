@@ -130,6 +130,28 @@ class Constructors:
         return self._made(layout, COMBINER_SUBARRAY, [len(sizes), *sizes, *subsizes, *starts, int(order)], [], [self],
                           {"sizes": sizes, "subsizes": subsizes, "starts": starts, "order": int(order)})
 
+    def Create_darray(self, size: int, rank: int, gsizes, distribs, dargs, psizes, order: int = 0):
+        """The part that process ``rank`` of ``size`` owns of a ``gsizes`` array dealt over a row-major
+        grid of ``psizes`` processes (``distribs``/``dargs`` per dimension, see
+        :func:`.derived.owned`), its elements in the array's order (``ORDER_C`` or ``ORDER_FORTRAN``);
+        its extent is the whole array's.
+
+        Raises:
+            ValueError: sequences of different lengths, a grid of other than ``size`` processes, a
+                rank outside it, or a distribution that does not cover its dimension.
+        """
+        gsizes, distribs, dargs, psizes = (list(map(int, v)) for v in (gsizes, distribs, dargs, psizes))
+        size, rank, order = int(size), int(rank), int(order)
+        _same_length("Create_darray", gsizes, distribs, dargs, psizes)
+        if not gsizes or int(np.prod(psizes)) != size or not 0 <= rank < size:
+            raise ValueError(f"Create_darray: rank {rank} of a grid {psizes} of {size} processes")
+        coords = np.unravel_index(rank, psizes)  # MPI's process grid is row-major whatever the order
+        indices = [derived.owned(g, d, a, p, int(c)) for g, d, a, p, c in zip(gsizes, distribs, dargs, psizes, coords)]
+        layout = derived.picked(self.typemap, gsizes, indices, fortran=order == 1)
+        return self._made(layout, COMBINER_DARRAY, [size, rank, len(gsizes), *gsizes, *distribs, *dargs, *psizes, order],
+                          [], [self], {"size": size, "rank": rank, "gsizes": gsizes, "distribs": distribs,
+                                       "dargs": dargs, "psizes": psizes, "order": order})
+
     def Create_resized(self, lb: int, extent: int):
         """This type with bounds ``lb`` and ``lb + extent``: successive elements step by ``extent`` bytes."""
         return self._made(derived.resized(self.typemap, lb, extent), COMBINER_RESIZED, [], [int(lb), int(extent)],

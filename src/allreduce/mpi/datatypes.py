@@ -2,9 +2,9 @@
 (:mod:`.constructors`, laid out by :mod:`.derived`), and the queries mpi4py offers on them (sizes,
 extents, envelopes and contents, typecodes).
 
-Those numpy cannot hold (``LONG_DOUBLE`` and its complex, the MINLOC/MAXLOC pair types) are
-``DATATYPE_NULL``, as in mpi4py on an MPI without them. Distributed-array types (``Create_darray``)
-raise ``NotImplementedError``.
+``LONG_DOUBLE`` and its complex are ``DATATYPE_NULL``, as in mpi4py on an MPI without them: the
+collectives carry no such dtype. The MINLOC/MAXLOC pair types (``FLOAT_INT``...) are named types laid
+out as C's ``struct {value; int}`` (``LONG_DOUBLE_INT``, whose value is a long double, is null).
 """
 
 from __future__ import annotations
@@ -21,20 +21,21 @@ from .constructors import (  # noqa: F401 - MPI's combiner names are module attr
     COMBINER_INDEXED_BLOCK, COMBINER_NAMED, COMBINER_NAMES, COMBINER_RESIZED, COMBINER_STRUCT, COMBINER_SUBARRAY,
     COMBINER_VALUE_INDEX, COMBINER_VECTOR, F90_COMBINERS, Constructors,
 )
+from . import derived
 from .derived import Layout
 from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
+from .handles import Handle, constant
 
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 
 @dataclass(eq=False)
-class Datatype(Constructors):
+class Datatype(Handle, Constructors):
     """An element type: a numpy dtype, or a derived layout of basic dtypes (:mod:`.derived`).
 
-    Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL`` and
-    for those numpy cannot hold (``LONG_DOUBLE`` and its complex), which are ``DATATYPE_NULL``, as
-    in mpi4py on an MPI that lacks them. A derived type's ``dtype`` is its one basic dtype (bytes for
-    a struct of several) and ``count`` how many of those one element holds.
+    Predefined datatypes are named (``MPI_DOUBLE``); ``dtype`` is ``None`` for ``DATATYPE_NULL``. A
+    derived type's ``dtype`` is its one basic dtype (bytes for a struct of several) and ``count`` how
+    many of those one element holds; so is a pair type's (named, with a layout).
     """
 
     dtype: "np.dtype | Datatype | None" = None  # the basic element (a Datatype: another handle of it)
@@ -113,14 +114,23 @@ class Datatype(Constructors):
 
     @property
     def typestr(self) -> str:
-        """The numpy type string of one element (``""`` for DATATYPE_NULL)."""
+        """The numpy type string of one element (``""`` for DATATYPE_NULL, ``V<extent>`` for a pair)."""
         if self.dtype is None:
             return ""
+        if self._is_pair:
+            return f"V{self.extent}"
         return self.dtype.str if self.count == 1 else f"{self.count}{self.dtype.str}"
 
     @property
     def typechar(self) -> str:
-        return "" if self.dtype is None else self.dtype.char
+        if self.dtype is None:
+            return ""
+        return "V" if self._is_pair else self.dtype.char
+
+    @property
+    def _is_pair(self) -> bool:
+        """A MINLOC/MAXLOC pair type, or a duplicate of one."""
+        return pair_value(self) is not None or (self.combiner == COMBINER_DUP and self.recipe[2][0]._is_pair)
 
     @property
     def is_named(self) -> bool:
@@ -198,7 +208,7 @@ class Datatype(Constructors):
         for code, datatype in _BY_CODE.items():
             if datatype is self and len(code) == 1:
                 return code
-        if self.is_predefined and self.dtype is not None:
+        if self.is_predefined and self.dtype is not None and not self._is_pair:
             return self.dtype.char
         if self.combiner == COMBINER_DUP and self.recipe[2]:
             return self.recipe[2][0].tocode()
@@ -222,14 +232,17 @@ class Datatype(Constructors):
 
     @classmethod
     def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":
-        """The pair type (value, index) MINLOC/MAXLOC reduce: ``DATATYPE_NULL``, as pairs are not offered.
+        """The predefined pair type of (``value``, ``index``) that MINLOC/MAXLOC reduce: ``FLOAT_INT``
+        for (``FLOAT``, ``INT``)...; ``DATATYPE_NULL`` for any other pair (an index not ``INT``).
 
         Raises:
             MPI.Exception: ``ERR_TYPE`` for ``DATATYPE_NULL`` arguments.
         """
         value._basic()
         index._basic()
-        return DATATYPE_NULL
+        if index != INT:
+            return DATATYPE_NULL
+        return next((pair for pair, of in _PAIRS if of == value), DATATYPE_NULL)
 
     def Commit(self) -> "Datatype":
         """Ready the type for communication: its layout's byte index is computed here, once."""
@@ -251,14 +264,22 @@ class Datatype(Constructors):
             return NotImplemented
         return self.origin is other.origin or (self.dtype is None and other.dtype is None)
 
-    def __hash__(self) -> int:
-        return id(self.origin) if self.dtype is not None else 0
+    __hash__ = None
+
+    def _shared(self):
+        return None if self.dtype is None else self.origin
+
+    def _is_predefined(self) -> bool:
+        return self.is_predefined
+
+    def _release(self) -> None:
+        self.__dict__.update(DATATYPE_NULL.__dict__)
 
     def __reduce__(self):
         if self.combiner == COMBINER_NAMED and self.name in _NAMED:
             named = _NAMED[self.name]
-            return (_named, (self.name,)) if self is named else (Datatype, (named,))
-        return Datatype, (self.dtype, self.name, self.count, self.combiner, self.layout, self.recipe)
+            return (_named, (self.name,)) if self is named else (type(self), (named,))
+        return type(self), (self.dtype, self.name, self.count, self.combiner, self.layout, self.recipe)
 
     def __repr__(self) -> str:
         return f"<Datatype {self.name or self.combiner_name}>"
@@ -266,14 +287,13 @@ class Datatype(Constructors):
 
 def _refused(name: str):
     def refused(*args, **kwargs):
-        raise NotImplementedError(f"derived datatypes of distributed arrays ({name}) are not supported by "
-                                  "allreduce.MPI; describe the local block with Create_subarray")
+        raise NotImplementedError(f"Datatype.{name} (MPI 4.1) is not supported by allreduce.MPI; "
+                                  "Get_value_index gives the predefined pair types")
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not supported: {name} (raises NotImplementedError)."
     return refused
 
 
-Datatype.Create_darray = _refused("Create_darray")  # mpi4py's name exists, and says what is missing
 Datatype.Create_value_index = _refused("Create_value_index")
 
 
@@ -289,7 +309,7 @@ def _named(name: str) -> Datatype:
 
 
 def _predefined(name: str, dtype) -> Datatype:
-    made = Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}")
+    made = constant(Datatype(None if dtype is None else np.dtype(dtype), f"MPI_{name}"))
     _NAMED[made.name] = made
     return made
 
@@ -347,12 +367,38 @@ INTEGER1, INTEGER2, INTEGER4, INTEGER8 = (_predefined(f"INTEGER{n}", f"i{n}") fo
 REAL2, REAL4, REAL8 = (_predefined(f"REAL{n}", f"f{n}") for n in (2, 4, 8))
 COMPLEX8, COMPLEX16 = (_predefined(f"COMPLEX{n}", f"c{n}") for n in (8, 16))
 BFLOAT16_T = _predefined("BFLOAT16_T", bfloat16)
-# numpy holds none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
+# the collectives carry none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
 LONG_DOUBLE = C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = CXX_LONG_DOUBLE_COMPLEX = DATATYPE_NULL
 REAL16 = COMPLEX4 = COMPLEX32 = INTEGER16 = LOGICAL16 = DATATYPE_NULL
-# the MAXLOC/MINLOC pairs: not offered (reductions of pairs are not supported)
-SHORT_INT = INT_INT = TWOINT = LONG_INT = FLOAT_INT = DOUBLE_INT = LONG_DOUBLE_INT = DATATYPE_NULL
 UB = LB = DATATYPE_NULL
+
+_PAIRS: list[tuple[Datatype, Datatype]] = []  # (a pair type, the type of its value)
+
+
+def pair_value(datatype: Datatype) -> Datatype | None:
+    """The value's type of a MINLOC/MAXLOC pair type (``DOUBLE`` for ``DOUBLE_INT``), else ``None``."""
+    return next((value for pair, value in _PAIRS if datatype.origin is pair), None)
+
+
+def _pair(name: str, value: Datatype) -> Datatype:
+    """The pair type ``name``: a ``value`` and an ``int`` index laid out as C lays out
+    ``struct {value; int index;}`` (the index at the next multiple of 4 bytes, the extent padded to
+    the stricter alignment of the two); predefined and named, as in MPI."""
+    record = np.dtype([("value", value.dtype), ("index", np.intc)], align=True)
+    layout = derived.aligned(derived.merged([(value.typemap, 1, 0), (INT.typemap, 1, record.fields["index"][1])]))
+    made = constant(Datatype(layout.basic, f"MPI_{name}", layout.size // layout.basic.itemsize, COMBINER_NAMED,
+                             layout))
+    _NAMED[made.name] = made
+    _PAIRS.append((made, value))
+    return made
+
+
+SHORT_INT = _pair("SHORT_INT", SHORT)
+INT_INT = TWOINT = _pair("2INT", INT)
+LONG_INT = _pair("LONG_INT", LONG)
+FLOAT_INT = _pair("FLOAT_INT", FLOAT)
+DOUBLE_INT = _pair("DOUBLE_INT", DOUBLE)
+LONG_DOUBLE_INT = DATATYPE_NULL
 
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
 for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNSIGNED_LONG, FLOAT, DOUBLE,
@@ -386,15 +432,19 @@ def datatype_of(dtype) -> Datatype:
 
 
 def typecode_of(datatype: Datatype) -> str | None:
-    """The numpy typecode of a predefined (or f90) datatype, ``None`` for others: what mpi4py's
-    ``MPI._typecode`` answers, which ``mpi4py.util.dtlib`` builds numpy dtypes from."""
-    if datatype.dtype is None or not datatype.is_predefined:
+    """The numpy typecode of a predefined (or f90) datatype, ``None`` for others and for the pairs:
+    what mpi4py's ``MPI._typecode`` answers, which ``mpi4py.util.dtlib`` builds numpy dtypes from."""
+    if datatype.dtype is None or not datatype.is_predefined or datatype._is_pair:
         return None
     return datatype.tocode()
 
 
 def typealign_of(datatype: Datatype) -> int | None:
-    """The alignment in bytes of a predefined datatype (mpi4py's ``MPI._typealign``), else ``None``."""
+    """The alignment in bytes of a predefined datatype (mpi4py's ``MPI._typealign``; a pair's is its
+    stricter member's), else ``None``."""
     if datatype.dtype is None or not datatype.is_predefined:
         return None
+    value = pair_value(datatype)
+    if value is not None:
+        return max(value.dtype.alignment, INT.dtype.alignment)
     return datatype.dtype.alignment

@@ -94,6 +94,10 @@ class Layout:
             return 1 if self.size else 0
         return (nbytes - high) // self.extent + 1
 
+    def shifted(self, by: int) -> "Layout":
+        """This layout with every offset and bound ``by`` bytes lower (its bytes seen from ``by``)."""
+        return Layout(self.offsets - by, self.kinds, self.basics, self.lb - by, self.ub - by)
+
     def pack(self, raw: np.ndarray, count: int, start: int = 0) -> np.ndarray:
         """The bytes of ``count`` elements of ``raw`` (a flat uint8 array), packed back to back."""
         return raw[self.index(count, start)]
@@ -179,8 +183,45 @@ def subarray(layout: Layout, sizes, subsizes, starts, fortran: bool) -> Layout:
     for n, sub, start in zip(sizes, subsizes, starts):
         if n < 1 or sub < 1 or start < 0 or start + sub > n:
             raise ValueError(f"subarray {subsizes} at {starts} does not lie inside an array of {sizes}")
+    return picked(layout, sizes, [range(s, s + n) for s, n in zip(starts, subsizes)], fortran)
+
+
+def picked(layout: Layout, sizes, indices, fortran: bool) -> Layout:
+    """The elements of a ``sizes`` array of ``layout`` elements whose index along dimension ``d`` is in
+    ``indices[d]`` (increasing), in C or Fortran order; its extent is the whole array's. A subarray
+    picks a range in each dimension, a distributed array the indices its process owns."""
     order = "F" if fortran else "C"
     grid = np.arange(int(np.prod(sizes)), dtype=np.int64).reshape(sizes, order=order)
-    chosen = grid[tuple(slice(s, s + n) for s, n in zip(starts, subsizes))].reshape(-1, order=order)
+    chosen = grid[np.ix_(*[np.asarray(list(i), np.int64) for i in indices])].reshape(-1, order=order)
     inner = blocks(layout, [1] * chosen.size, chosen * layout.extent)
     return resized(inner, layout.lb, int(np.prod(sizes)) * layout.extent)
+
+
+DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE, DISTRIBUTE_DFLT_DARG = 0, 1, 2, -1
+
+
+def owned(length: int, distrib: int, darg: int, procs: int, coord: int) -> range | list[int]:
+    """The indices along one dimension of ``length`` that process ``coord`` of ``procs`` owns, as MPI's
+    distributed arrays deal them: ``DISTRIBUTE_BLOCK`` one block of ``darg`` (default: the length over
+    the processes, rounded up), ``DISTRIBUTE_CYCLIC`` blocks of ``darg`` (default 1) dealt round robin,
+    ``DISTRIBUTE_NONE`` all of them.
+
+    Raises:
+        ValueError: an unknown distribution, a block too small to cover the dimension, ``NONE`` over
+            more than one process.
+    """
+    if distrib == DISTRIBUTE_NONE:
+        if procs != 1:
+            raise ValueError(f"DISTRIBUTE_NONE over {procs} processes (it needs 1)")
+        return range(length)
+    if distrib == DISTRIBUTE_BLOCK:
+        block = -(-length // procs) if darg == DISTRIBUTE_DFLT_DARG else int(darg)
+        if block < 1 or block * procs < length:
+            raise ValueError(f"blocks of {block} over {procs} processes do not cover {length} elements")
+        return range(min(coord * block, length), min((coord + 1) * block, length))
+    if distrib == DISTRIBUTE_CYCLIC:
+        block = 1 if darg == DISTRIBUTE_DFLT_DARG else int(darg)
+        if block < 1:
+            raise ValueError(f"cyclic blocks of {block} elements")
+        return [i for i in range(length) if (i // block) % procs == coord]
+    raise ValueError(f"unknown distribution {distrib} (DISTRIBUTE_BLOCK, _CYCLIC or _NONE)")

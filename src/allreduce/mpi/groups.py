@@ -9,6 +9,7 @@ equal (``==``) when they are the same handle, as MPI handles are; ``Compare`` co
 from __future__ import annotations
 
 from .errorcodes import ERR_ARG, ERR_GROUP, ERR_RANK, error
+from .handles import Handle, constant
 from .requests import PROC_NULL, UNDEFINED
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
@@ -21,11 +22,13 @@ class _Handle:
         self.members, self.me = members, me
 
 
-class Group:
+class Group(Handle):
     """An ordered set of ranks, each a rank of the world; ``Group()`` is ``GROUP_NULL``."""
 
     def __init__(self, group: "Group | None" = None):
-        self._handle = group._handle if isinstance(group, Group) else _NULL
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(f"Group() takes a Group, got {type(group).__name__}")
+        self._handle = group._handle if group is not None else _NULL
 
     @classmethod
     def of(cls, members, me: int | None) -> "Group":
@@ -56,17 +59,23 @@ class Group:
     def __eq__(self, other) -> bool:
         return isinstance(other, Group) and self._handle is other._handle
 
-    def __hash__(self) -> int:
-        return id(self._handle)
+    def _shared(self):
+        return None if self._handle.members is None else self._handle
+
+    def _is_predefined(self) -> bool:
+        return self._handle is GROUP_EMPTY._handle
+
+    def _release(self) -> None:
+        self._handle = _NULL
 
     def __reduce__(self):
         for name, predefined in _PREDEFINED.items():
             if self is predefined:
                 return _predefined, (name,)
         if self._handle is _NULL:
-            return Group, ()
+            return type(self), ()
         if self._handle is GROUP_EMPTY._handle:
-            return Group, (GROUP_EMPTY,)
+            return type(self), (GROUP_EMPTY,)
         raise ValueError(f"cannot pickle {self!r}: only the predefined groups travel")
 
     def Dup(self) -> "Group":
@@ -156,8 +165,8 @@ def _expand(ranges) -> list[int]:
 
 
 _NULL = _Handle(None, None)
-GROUP_NULL = Group()
-GROUP_EMPTY = Group.of((), None)
+GROUP_NULL = constant(Group())
+GROUP_EMPTY = constant(Group.of((), None))
 _PREDEFINED = {"GROUP_NULL": GROUP_NULL, "GROUP_EMPTY": GROUP_EMPTY}
 
 

@@ -8,13 +8,16 @@ what mpi4py installs by default and what it turns into exceptions, so setting it
 from __future__ import annotations
 
 from .errorcodes import ERR_ERRHANDLER, ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error
+from .handles import Handle, constant
 
 
-class Info:
+class Info(Handle):
     """An ordered map of string keys to string values; ``Info()`` is ``INFO_NULL``."""
 
     def __init__(self, info: "Info | None" = None):
-        self._items = info._items if isinstance(info, Info) else None
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"Info() takes an Info, got {type(info).__name__}")
+        self._items = info._items if info is not None else None
 
     @classmethod
     def Create(cls, items=None) -> "Info":
@@ -64,7 +67,14 @@ class Info:
     def __eq__(self, other) -> bool:
         return isinstance(other, Info) and (self._items is other._items)
 
-    __hash__ = None
+    def _shared(self):
+        return self._items
+
+    def _is_predefined(self) -> bool:
+        return self._items is INFO_ENV._items
+
+    def _release(self) -> None:
+        self._items = None
 
     def __len__(self) -> int:
         return 0 if self._items is None else len(self._items)
@@ -109,22 +119,24 @@ class Info:
     def __reduce__(self):
         if self is INFO_NULL:
             return _info_null, ()
-        return (Info, ()) if self._items is None else (Info.Create, (dict(self._items),))
+        return (type(self), ()) if self._items is None else (type(self).Create, (dict(self._items),))
 
 
 def _info_null() -> Info:
     return INFO_NULL
 
 
-INFO_NULL = Info()
-INFO_ENV = Info.Create()
+INFO_NULL = constant(Info())
+INFO_ENV = constant(Info.Create())
 
 
-class Errhandler:
+class Errhandler(Handle):
     """What a communicator does with an error: here every error raises, whichever is set."""
 
     def __init__(self, errhandler: "Errhandler | None" = None, name: str | None = None):
-        self.name = errhandler.name if isinstance(errhandler, Errhandler) else name
+        if errhandler is not None and not isinstance(errhandler, Errhandler):
+            raise TypeError(f"Errhandler() takes an Errhandler, got {type(errhandler).__name__}")
+        self.name = errhandler.name if errhandler is not None else name
 
     def __bool__(self) -> bool:
         return self.name is not None
@@ -132,8 +144,20 @@ class Errhandler:
     def __eq__(self, other) -> bool:
         return isinstance(other, Errhandler) and self.name == other.name
 
-    def __hash__(self) -> int:
-        return hash(self.name)
+    def _shared(self):
+        return _PREDEFINED_HANDLERS.get(self.name)
+
+    def _is_predefined(self) -> bool:
+        return True  # every error handler here is one of MPI's
+
+    def _release(self) -> None:
+        self.name = None
+
+    def __reduce__(self):
+        predefined = _PREDEFINED_HANDLERS.get(self.name)
+        if self is ERRHANDLER_NULL or self is predefined:
+            return _errhandler, (self.name,)
+        return (type(self), ()) if predefined is None else (type(self), (predefined,))
 
     def Free(self) -> None:
         """This handle becomes ``ERRHANDLER_NULL`` (the predefined handlers stay what they are).
@@ -147,8 +171,12 @@ class Errhandler:
             self.name = None
 
 
-ERRHANDLER_NULL = Errhandler()
-ERRORS_RETURN = Errhandler(name="ERRORS_RETURN")
-ERRORS_ARE_FATAL = Errhandler(name="ERRORS_ARE_FATAL")
-ERRORS_ABORT = Errhandler(name="ERRORS_ABORT")
+def _errhandler(name: str | None) -> Errhandler:
+    return _PREDEFINED_HANDLERS.get(name, ERRHANDLER_NULL)
+
+
+ERRHANDLER_NULL = constant(Errhandler())
+ERRORS_RETURN = constant(Errhandler(name="ERRORS_RETURN"))
+ERRORS_ARE_FATAL = constant(Errhandler(name="ERRORS_ARE_FATAL"))
+ERRORS_ABORT = constant(Errhandler(name="ERRORS_ABORT"))
 _PREDEFINED_HANDLERS = {h.name: h for h in (ERRORS_RETURN, ERRORS_ARE_FATAL, ERRORS_ABORT)}

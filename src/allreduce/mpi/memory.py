@@ -15,32 +15,25 @@ once its bytes are handed on; ``Attach_buffer``/``Detach_buffer`` keep MPI's con
 from __future__ import annotations
 
 import operator
-import sys
 
 import numpy as np
 
-from ..native import load
+from ..native import exporter_base
 from . import cudaiface, dlpack
+from .constants import BUFFER_AUTOMATIC
 from .errorcodes import ERR_ARG, ERR_BUFFER, error
 from .memregion import CPU, HOST_DEVICES, Region
 
-__all__ = ["BSEND_OVERHEAD", "BUFFER_AUTOMATIC", "buffer", "Alloc_mem", "Free_mem", "Attach_buffer", "Detach_buffer",
+__all__ = ["BSEND_OVERHEAD", "buffer", "Alloc_mem", "Free_mem", "Attach_buffer", "Detach_buffer",
            "Flush_buffer", "Iflush_buffer"]
 
 BSEND_OVERHEAD = 128
 
 
-def _exporter_base() -> type:
-    """What gives ``__buffer__`` its meaning: Python's own from 3.12, the compiled ``Exporter`` before
-    (without it, ``memoryview(buffer)`` is refused on 3.11)."""
-    module = None if sys.version_info >= (3, 12) else load("exporter")[0]
-    return object if module is None else module.Exporter
-
-
 _NOTHING = object()
 
 
-class buffer(_exporter_base()):  # noqa: N801 - mpi4py's name
+class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
     """Raw memory as mpi4py shows it; ``buffer()`` is an empty one, ``buffer(obj)`` views ``obj``'s.
 
     Raises:
@@ -188,7 +181,6 @@ def _span(item: slice, size: int) -> tuple[int, int]:
     return start, max(start, stop)
 
 
-BUFFER_AUTOMATIC = buffer()
 _attached: list = []
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from .. import objects
 from . import p2p
 from .bufferargs import simple, written
+from .handles import Handle, constant
 from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
 
@@ -205,20 +206,22 @@ class _Both(Request):
         return True
 
 
-class Message:
+class Message(Handle):
     """A probed message (``Mprobe``/``Improbe``), received once by ``Recv``/``Irecv``/``recv``/``irecv``.
     ``Message()`` is ``MESSAGE_NULL``; a probe of ``PROC_NULL`` gives ``MESSAGE_NO_PROC``."""
 
     def __init__(self, message: "Message | None" = None):
         if isinstance(message, Message):
             self._comm, self._envelope, self._no_proc = message._comm, message._envelope, message._no_proc
-        else:
+        elif message is None:
             self._comm, self._envelope, self._no_proc = None, None, False
+        else:
+            raise TypeError(f"Message() takes a Message, got {type(message).__name__}")
 
     @classmethod
     def of(cls, comm, envelope: tuple[int, int, int]) -> "Message":
         if envelope[0] == PROC_NULL:
-            return MESSAGE_NO_PROC
+            return cls(MESSAGE_NO_PROC)  # a handle of its own: receiving it makes it MESSAGE_NULL
         made = cls()
         made._comm, made._envelope = comm, envelope
         return made
@@ -231,17 +234,24 @@ class Message:
             if self is predefined:
                 return _predefined, (predefined._no_proc,)
         if self._envelope is None:
-            return Message, (MESSAGE_NO_PROC if self._no_proc else MESSAGE_NULL,)
+            return type(self), (MESSAGE_NO_PROC if self._no_proc else MESSAGE_NULL,)
         raise ValueError("cannot pickle a probed message: it can only be received where it was probed")
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
         if self._envelope is not None or other._envelope is not None:
-            return self is other
+            return self._envelope is other._envelope  # handles of one probed message, as Message(message) makes
         return self._no_proc == other._no_proc
 
-    __hash__ = object.__hash__
+    def _shared(self):
+        return self._envelope if self._envelope is not None else (MESSAGE_NO_PROC if self._no_proc else None)
+
+    def _is_predefined(self) -> bool:
+        return self._envelope is None
+
+    def _release(self) -> None:
+        self._comm, self._envelope, self._no_proc = None, None, False
 
     def _take(self):
         """``(comm, source, tag)`` of the message, which is then consumed."""
@@ -253,6 +263,10 @@ class Message:
             raise ValueError("MPI.MESSAGE_NULL holds no message to receive")
         comm, (source, tag, _), self._envelope = self._comm, self._envelope, None
         return comm, source, tag
+
+    def Free(self) -> None:
+        """A probed message is not freed but received: this handle just becomes ``MESSAGE_NULL``."""
+        self._release()
 
     def Recv(self, buf, status: Status | None = None) -> None:
         self.Irecv(buf).finish(status)
@@ -283,8 +297,8 @@ class Message:
     Probe, Iprobe = probe, iprobe
 
 
-MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message()
+MESSAGE_NULL = constant(Message())
+MESSAGE_NO_PROC = constant(Message())
 MESSAGE_NO_PROC._no_proc = True
 
 

@@ -17,12 +17,13 @@ import numpy as np
 
 from ..ops import ReduceOp
 from .errorcodes import ERR_OP, error
+from .handles import Handle, constant
 
 MAX_USER_OPS = 32
 _live_user_ops: set[object] = set()  # a token per user op not yet freed
 
 
-class Op:
+class Op(Handle):
     """A reduction: ``op(x, y)`` combines two objects; buffers use ``native`` (``None``: folded here).
 
     ``Op()`` is ``OP_NULL``; ``Op(op)`` is another handle of the same op.
@@ -33,6 +34,8 @@ class Op:
         if isinstance(op, Op):
             self.__dict__.update(op.__dict__)
             return
+        if op is not None:
+            raise TypeError(f"Op() takes an Op, got {type(op).__name__}")
         self.name, self.combine, self.native = name, combine, native
         self.logical = logical  # reduce (x != 0) as booleans, write back 0/1
         self.commute = commute
@@ -72,8 +75,16 @@ class Op:
             return getattr(self, "_token", None) is getattr(other, "_token", None)
         return self.name == other.name
 
-    def __hash__(self) -> int:
-        return hash(self.name)
+    def _shared(self):
+        if self.function is not None:
+            return self._token
+        return _PREDEFINED[self.name] if self else None
+
+    def _is_predefined(self) -> bool:
+        return self.function is None
+
+    def _release(self) -> None:
+        self.__dict__.update(Op().__dict__)
 
     def __reduce__(self):
         """A predefined op unpickles as itself (another handle of it as a new handle); a user op as a new
@@ -81,7 +92,7 @@ class Op:
         if self.function is not None:
             return Op.Create, (self.function, self.commute)
         predefined = _PREDEFINED[self.name]
-        return (_predefined, (self.name,)) if self is predefined else (Op, (predefined,))
+        return (_predefined, (self.name,)) if self is predefined else (type(self), (predefined,))
 
     @property
     def is_predefined(self) -> bool:
@@ -173,7 +184,7 @@ def _logical(test):
 
 
 def _predefined_op(name: str, combine, native: ReduceOp | None = None, logical: bool = False) -> Op:
-    return Op(name=name, combine=combine, native=native, logical=logical)
+    return constant(Op(name=name, combine=combine, native=native, logical=logical))
 
 
 SUM = _predefined_op("SUM", operator.add, ReduceOp.SUM)
@@ -190,7 +201,7 @@ MAXLOC = _predefined_op("MAXLOC", _loc(operator.gt))
 MINLOC = _predefined_op("MINLOC", _loc(operator.lt))
 REPLACE = _predefined_op("REPLACE", lambda x, y: y)
 NO_OP = _predefined_op("NO_OP", lambda x, y: x)
-OP_NULL = Op()
+OP_NULL = constant(Op())
 _PREDEFINED = {op.name: op for op in (OP_NULL, MAX, MIN, SUM, PROD, LAND, BAND, LOR, BOR, LXOR, BXOR, MAXLOC,
                                       MINLOC, REPLACE, NO_OP)}
 

@@ -10,9 +10,10 @@ feature, and every method of a null handle raises ``MPI.Exception`` with the fea
 from __future__ import annotations
 
 from .errorcodes import ERR_FILE, ERR_SESSION, ERR_WIN, error
+from .handles import Handle
 
 
-class _Refused:
+class _Refused(Handle):
     """A null handle of a feature that is not offered."""
 
     feature = ""  # what the feature is called
@@ -20,20 +21,23 @@ class _Refused:
     makers: tuple[str, ...] = ()  # the class methods that would make a handle
 
     def __init__(self, handle: "_Refused | None" = None):
-        if handle is not None and not isinstance(handle, type(self)):
-            raise TypeError(f"{type(self).__name__}() takes a {type(self).__name__}, got {type(handle).__name__}")
+        kind = next(c for c in type(self).__mro__ if _Refused in c.__bases__)  # Win, File or Session
+        if handle is not None and not isinstance(handle, kind):
+            raise TypeError(f"{type(self).__name__}() takes a {kind.__name__}, got {type(handle).__name__}")
 
     def __bool__(self) -> bool:
         return False
 
     def __eq__(self, other) -> bool:
-        return type(other) is type(self)
+        kind = next(c for c in type(self).__mro__ if _Refused in c.__bases__)
+        return isinstance(other, kind)
 
-    def __hash__(self) -> int:
-        return hash(type(self))
+    def _shared(self):
+        return None  # only null handles exist
 
     def __reduce__(self):
-        return type(self), ()
+        null = f"{type(self).__name__.upper()}_NULL"
+        return null if self is globals().get(null) else (type(self), ())
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

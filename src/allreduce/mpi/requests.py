@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .handles import Handle, constant
+
 ANY_SOURCE = -1
 ANY_TAG = -1
 PROC_NULL = -2
@@ -22,6 +24,8 @@ _SOURCE, _TAG, _ERROR, _NBYTES, _CANCELLED = range(5)
 
 class Status:
     """Where a received message came from, its tag, its error and its size in bytes."""
+
+    NBYTES = 24  # the size of an MPI_Status (what MPI._sizeof answers)
 
     def __init__(self, status: "Status | None" = None):
         if status is not None and not isinstance(status, Status):
@@ -83,7 +87,7 @@ class Status:
         return memoryview(self._fields)
 
     def __reduce__(self):
-        return _status_of, (self._fields.tolist(),)
+        return type(self), (), {"_fields": self._fields.copy()}
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Status) and bool((self._fields == other._fields).all())
@@ -98,13 +102,7 @@ class Status:
         self._fields[:] = ANY_SOURCE, ANY_TAG, 0, 0, 0
 
 
-def _status_of(fields: list) -> Status:
-    status = Status()
-    status._fields[:] = fields
-    return status
-
-
-class Request:
+class Request(Handle):
     """A nonblocking operation; ``Wait``/``Test`` it, or ``wait``/``test`` for a received object.
 
     ``work`` is the engine's :class:`~allreduce.p2p.P2PWork` or a collective's ``Work`` (``None``:
@@ -116,6 +114,8 @@ class Request:
         if isinstance(work, Request):  # Request(request): another handle of the same operation
             self.__dict__ = work.__dict__
             return
+        if isinstance(work, (Handle, Status, int, float, str)):
+            raise TypeError(f"{type(self).__name__}() takes a Request, got {type(work).__name__}")
         self._work, self._finish = work, finish
         self._active = (work is not None or finish is not None or envelope is not None) if active is None else active
         self._value = None
@@ -125,7 +125,7 @@ class Request:
         if self is REQUEST_NULL:
             return _request_null, ()
         if self.null():
-            return Request, ()
+            return type(self), ()
         raise ValueError("cannot pickle a request in progress: it completes only where it was started")
 
     def null(self) -> bool:
@@ -140,8 +140,11 @@ class Request:
             return self.__dict__ is other.__dict__ or (self.null() and other.null())
         return NotImplemented
 
-    def __hash__(self) -> int:
-        return 0 if self.null() else id(self.__dict__)
+    def _shared(self):
+        return None if self.null() else self.__dict__
+
+    def _release(self) -> None:
+        self.__dict__ = type(self)().__dict__
 
     def _complete(self, block: bool, status: Status | None, blocking: bool = False) -> bool:
         """Complete the operation if ``block`` or it is done; ``False`` if not yet."""
@@ -392,6 +395,10 @@ class Prequest(Request):
         if isinstance(start, Prequest):  # Prequest(request): another handle of it
             self.__dict__ = start.__dict__
             return
+        if isinstance(start, (Handle, Status, int, float, str)):
+            if not (isinstance(start, Request) and start.null()):
+                raise TypeError(f"Prequest() takes a Prequest, got {type(start).__name__}")
+            start = None  # Prequest(REQUEST_NULL): a null one
         super().__init__(active=False)
         self._start = start  # () -> Request of one round; None once freed
 
@@ -417,7 +424,24 @@ class Prequest(Request):
             request.Start()
 
 
-REQUEST_NULL = Request()
+class Grequest(Request):
+    """A generalized request: ``Grequest()`` and ``Grequest(MPI.REQUEST_NULL)`` are null handles;
+    starting one (``Grequest.Start``) is not supported and raises ``NotImplementedError``."""
+
+    def __init__(self, request: Request | None = None):
+        if request is not None and not (isinstance(request, Request) and request.null()):
+            raise TypeError(f"Grequest() takes a null Request, got {type(request).__name__}")
+        super().__init__(active=False)
+
+    @classmethod
+    def Start(cls, query_fn, free_fn, cancel_fn, args=None, kwargs=None) -> "Grequest":
+        raise NotImplementedError("generalized requests (MPI.Grequest.Start) are not supported by allreduce.MPI")
+
+    def Complete(self) -> None:
+        raise NotImplementedError("generalized requests (MPI.Grequest.Complete) are not supported by allreduce.MPI")
+
+
+REQUEST_NULL = constant(Request())
 
 
 def _request_null() -> Request:

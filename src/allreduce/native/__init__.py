@@ -10,6 +10,7 @@ default) uses them where they loaded.
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 
 from ..settings import Settings
@@ -36,3 +37,11 @@ def chosen(name: str, settings: Settings) -> tuple[ModuleType | None, str]:
         raise ImportError(f"ALLREDUCE_ENGINE=native, but the compiled engine is {why}; "
                           f"reinstall with a C compiler present, or set ALLREDUCE_ENGINE=python")
     return module, why
+
+
+def exporter_base() -> type:
+    """The base class that gives a class's ``__buffer__(flags)`` its meaning (``memoryview(obj)``):
+    ``object`` from Python 3.12, which does so itself; before, the compiled ``_exporter.Exporter``, or
+    ``object`` if it was not built (then such objects offer no buffer protocol)."""
+    module = None if sys.version_info >= (3, 12) else load("exporter")[0]
+    return object if module is None else module.Exporter

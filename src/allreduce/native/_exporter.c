@@ -4,7 +4,9 @@
  * __buffer__(flags); Python 3.11 offers no such hook, so memoryview(obj) and every C consumer refuse
  * the object. A class that derives from Exporter gets it on 3.11 too: a request for its buffer calls
  * obj.__buffer__(flags) and exports what that returns (a memoryview, or any object with the buffer
- * protocol), for as long as the consumer holds it. MPI.buffer is the class this is for.
+ * protocol), for as long as the consumer holds it; __buffer__ returning None exports no bytes and
+ * no owner (memoryview(obj).obj is None), as MPI's address constants (BOTTOM, IN_PLACE) do in mpi4py.
+ * MPI.buffer and those constants are the classes this is for.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,6 +16,10 @@ static int exporter_getbuffer(PyObject *self, Py_buffer *view, int flags)
     PyObject *inner = PyObject_CallMethod(self, "__buffer__", "i", flags);
     if (inner == NULL)
         return -1;
+    if (inner == Py_None) {
+        Py_DECREF(inner);
+        return PyBuffer_FillInfo(view, NULL, NULL, 0, 1, flags);
+    }
     if (inner == self) {
         Py_DECREF(inner);
         PyErr_SetString(PyExc_TypeError, "__buffer__ returned the object itself");
