@@ -20,6 +20,7 @@ import os
 import sys
 
 from .. import api, rendezvous
+from ..errors import AllreduceError
 from ..p2p import TAG_UB as _TAG_UB
 from . import environment, errorcodes
 from .collectives import BufferCollectives
@@ -433,7 +434,13 @@ def _at_exit() -> None:
 
 
 def finalize() -> None:
-    """Leave the default group if this module joined it (``MPI.Finalize``; also run at exit)."""
+    """Leave the default group if this module joined it (``MPI.Finalize``; also run at exit). As MPI's
+    Finalize it is collective: it returns once every rank has called it, so a rank done early does not
+    take the store (which rank 0 hosts) from ranks still at work. A broken group is left at once."""
     if _finalize_at_exit and api.is_initialized():
+        try:
+            api.barrier()
+        except AllreduceError:  # a failed or revoked group: nobody can wait for the others
+            pass
         api.destroy_process_group()
         environment.mark_finalized()

@@ -67,6 +67,15 @@ class Handle:
             raise ValueError(f"{cls.__name__}.fromhandle: no live {cls.__name__} has the handle {handle}")
         return cls(found)
 
+    def toint(self) -> int:
+        """MPI's integer handle: ``-1``, none, as mpi4py answers where MPI has none (a handle here is a
+        Python object that no other process or language reads); :attr:`handle` names it in this one."""
+        return -1
+
+    def py2f(self) -> int:
+        """The Fortran handle: ``-1``, none (see :meth:`toint`)."""
+        return -1
+
     def free(self) -> None:
         """Free what this handle names, unless it is predefined (see the module docstring)."""
         if self._shared() is None or any(self is c for c in _CONSTANTS):
