@@ -182,4 +182,6 @@ def test_destroying_a_group_releases_our_keys_from_torchs_store():
         return counts
 
     for first, middle, last in run_torch_ranks(fn, 2):
-        assert last - middle <= 10 and middle - first <= 10, (first, middle, last)
+        # torch's one key per group, and now and then one of ours on a loaded machine (releasing is best
+        # effort: a goodbye past its grace leaves its key); a leak per group would add seven each time
+        assert last - middle <= 15 and middle - first <= 15, (first, middle, last)
