@@ -27,7 +27,7 @@ from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish_reduction
 from .p2p import P2PWork
 from .planner import determinism
-from .runtime import Request
+from .runtime import ProcessGroup, Request
 from .work import Work
 from .world import Group, resolve_group
 
@@ -79,7 +79,7 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
 
 
 @_refusing("all_reduce", 0)  # the general path: the shortcut above stays as short as it is
-def _all_reduce(g: Group, tensor: Tensor, op: Op, async_op: bool, algorithm: str | None) -> Work | None:
+def _all_reduce(g: ProcessGroup, tensor: Tensor, op: Op, async_op: bool, algorithm: str | None) -> Work | None:
     arr = as_array(tensor)
     op = checked_op(op, arr.dtype)
     data = arr if arr.ndim == 1 else flat(arr)
@@ -112,7 +112,7 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
 
 
 @_refusing("broadcast", 0)
-def _broadcast(g: Group, tensor: Tensor, src: int, async_op: bool, algorithm: str | None) -> Work | None:
+def _broadcast(g: ProcessGroup, tensor: Tensor, src: int, async_op: bool, algorithm: str | None) -> Work | None:
     arr = as_array(tensor)
     check_rank(src, g.size, "src")
     data = flat(arr)
