@@ -1,7 +1,7 @@
 """Growing a group: replacement processes join the survivors at a point the survivors agree on.
 
 A job that may grow has a *lobby*, a store that outlives every worker (``allreduce run --max-np``
-hosts it in the launcher and names it in :data:`LOBBY`). A replacement registers there
+hosts it in the launcher and names it to its workers: :func:`.rendezvous.lobby_address`). A replacement registers there
 (:func:`join`: it takes the next joiner number) and waits. The members of the group, at a point of
 their loop they all reach (:func:`grow`), hold one agreement (:mod:`.runtime.agreement`) whose
 coordinator reads the lobby: the joiners registered since the last admission are admitted, numbered
@@ -23,18 +23,9 @@ from .security import Security
 from .settings import Settings
 from .transport.shm import ShmOptions
 
-LOBBY = "ALLREDUCE_LOBBY"  # host:port of the job's lobby store
-REPLACEMENT = "ALLREDUCE_REPLACEMENT"  # "1" in a process started to take a dead worker's place
 
-
-def is_replacement() -> bool:
-    """Whether the launcher started this process to join a running job (it calls ``join_group``)."""
-    return os.environ.get(REPLACEMENT) == "1"
-
-
-def lobby(settings: Settings, timeout: float) -> rendezvous.TCPStore | None:
-    """The job's lobby (``None``: the job cannot grow)."""
-    where = os.environ.get(LOBBY)
+def lobby(where: str | None, settings: Settings, timeout: float) -> rendezvous.TCPStore | None:
+    """The job's lobby at ``where`` (``host:port``; ``None``: the job cannot grow)."""
     if not where:
         return None
     host, _, port = where.rpartition(":")
@@ -81,15 +72,16 @@ def waiting(group: ProcessGroup, hall: rendezvous.Store) -> int:
     return group.membership.decided.extra["waiting"]
 
 
-def join(settings: Settings, shm_options: ShmOptions, timeout: float) -> tuple[ProcessGroup, Survival]:
-    """Register in the lobby, wait (up to ``timeout`` seconds) to be admitted, then form the grown group.
+def join(where: str | None, settings: Settings, shm_options: ShmOptions,
+         timeout: float) -> tuple[ProcessGroup, Survival]:
+    """Register in the lobby at ``where``, wait (up to ``timeout`` seconds) to be admitted, then form the grown group.
 
     Raises:
         RuntimeError: the job has no lobby. CommTimeout: not admitted in time.
     """
-    hall = lobby(settings, timeout)
+    hall = lobby(where, settings, timeout)
     if hall is None:
-        raise RuntimeError(f"join_group: the job cannot grow ({LOBBY} is not set: start it with "
+        raise RuntimeError(f"join_group: the job cannot grow ({rendezvous.environment.LOBBY} is not set: start it with "
                            "`allreduce run --max-np K`)")
     number = int(hall.add("joiners", 1))
     hall.set(f"pid/{number}", str(os.getpid()).encode())  # for the launcher: which replacement got in

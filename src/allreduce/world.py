@@ -45,6 +45,7 @@ class _State:
     new_groups = 0
     survival: Survival | None = None  # the lifelines among the processes of the job
     lobby: rendezvous.Store | None = None  # where replacements wait to join (allreduce run --max-np), once looked up
+    lobby_at: str | None = None  # its host:port, as the launcher said at entry (None: the job cannot grow)
     settings = Settings()  # read from the environment by init_process_group
     shm_options = ShmOptions()
 
@@ -94,6 +95,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise
     _State.world = world
     _State.settings, _State.shm_options, _State.new_groups = settings, shm_options, 0
+    _State.lobby_at = rendezvous.lobby_address()
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -389,7 +391,7 @@ def grow_group() -> ProcessGroup:
     """
     world = default_group()
     if _State.lobby is None:
-        _State.lobby = growth.lobby(_State.settings, world.timeout)
+        _State.lobby = growth.lobby(_State.lobby_at, _State.settings, world.timeout)
     if _State.lobby is None:
         return world
     grown = growth.grow(world, _State.settings, _State.shm_options, _State.lobby)
@@ -404,7 +406,7 @@ def joiners_waiting() -> int:
     without a lobby). Every member calls it at the same point: an agreement, no collective."""
     world = default_group()
     if _State.lobby is None:
-        _State.lobby = growth.lobby(_State.settings, world.timeout)
+        _State.lobby = growth.lobby(_State.lobby_at, _State.settings, world.timeout)
     return 0 if _State.lobby is None else growth.waiting(world, _State.lobby)
 
 
@@ -430,16 +432,17 @@ def join_group(timeout: Timeout = None) -> ProcessGroup:
         raise RuntimeError("join_group: this process is in a group already; it is for replacement processes")
     settings, shm_options = _environment()
     _State.settings, _State.shm_options = settings, shm_options
-    grown, lifelines = growth.join(settings, shm_options, timeout_seconds(timeout))
+    where = rendezvous.lobby_address()
+    grown, lifelines = growth.join(where, settings, shm_options, timeout_seconds(timeout))
     _adopt(grown, lifelines)
-    _State.lobby = growth.lobby(settings, grown.timeout)
+    _State.lobby_at, _State.lobby = where, growth.lobby(where, settings, grown.timeout)
     return grown
 
 
 def is_replacement() -> bool:
     """Whether ``allreduce run --max-np`` started this process to take a dead worker's place: it calls
     :func:`join_group` rather than :func:`init_process_group`."""
-    return growth.is_replacement()
+    return rendezvous.is_replacement()
 
 
 def _adopt(world: ProcessGroup, lifelines: Survival) -> None:

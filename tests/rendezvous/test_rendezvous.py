@@ -513,6 +513,15 @@ def test_first_family_wins():
     assert from_environment({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "0"}).source == "pmi"
 
 
+@pytest.mark.parametrize("env, lobby, replacement", [
+    ({}, None, False),
+    ({"ALLREDUCE_LOBBY": "", "ALLREDUCE_REPLACEMENT": "0"}, None, False),
+    ({"ALLREDUCE_LOBBY": "127.0.0.1:4242", "ALLREDUCE_REPLACEMENT": "1"}, "127.0.0.1:4242", True),
+])
+def test_growth_of_the_job_from_the_launcher(env, lobby, replacement):
+    assert (rdv.lobby_address(env), rdv.is_replacement(env)) == (lobby, replacement)
+
+
 @pytest.mark.parametrize("env, words", [
     ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK='one' is not an integer"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 must be below WORLD_SIZE=2"),

@@ -202,7 +202,7 @@ class _Job:
     def open_lobby(self, cmd: list[str], env: dict[str, str]) -> None:
         from .lobby import Lobby  # only a job that may grow needs the library's store
         self.lobby = Lobby(env)
-        self._replacement_of = cmd, {**env, **self.lobby.env, "ALLREDUCE_REPLACEMENT": "1"}
+        self._replacement_of = cmd, {**env, **self.lobby.replacement_env}
 
     def replace(self) -> None:
         """Start a replacement worker (its output tagged by its launch number) that joins the others."""

@@ -4,7 +4,7 @@ every worker, where replacement workers wait until the others let them in (:mod:
 from __future__ import annotations
 
 from .. import rendezvous
-from ..growth import LOBBY
+from ..rendezvous.environment import LOBBY, REPLACEMENT
 from ..security import Security
 from ..settings import Settings
 
@@ -19,6 +19,11 @@ class Lobby:
     def env(self) -> dict[str, str]:
         """What tells the workers where the lobby is."""
         return {LOBBY: f"127.0.0.1:{self._store.port}"}
+
+    @property
+    def replacement_env(self) -> dict[str, str]:
+        """What tells a replacement worker where the lobby is, and that it joins there."""
+        return {**self.env, REPLACEMENT: "1"}
 
     def outside(self, pids: set[int]) -> set[int]:
         """Those of ``pids`` (replacements) that were not let in: not registered yet, or still waiting. (One

@@ -19,7 +19,7 @@ each part lives in a module of its own:
 from __future__ import annotations
 
 from .contents import StoreLimits
-from .environment import LaunchInfo, from_environment
+from .environment import LaunchInfo, from_environment, is_replacement, lobby_address
 from .filestore import FileStore
 from .join import LEFT_KEY, rendezvous
 from .schemes import Joining, Scheme, register_scheme, unregister_scheme
@@ -27,4 +27,5 @@ from .store import HashStore, PrefixStore, Store
 from .tcpstore import TCPStore
 
 __all__ = ["rendezvous", "LEFT_KEY", "register_scheme", "unregister_scheme", "Scheme", "Joining", "Store",
-           "PrefixStore", "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment"]
+           "PrefixStore", "HashStore", "TCPStore", "FileStore", "StoreLimits", "LaunchInfo", "from_environment",
+           "lobby_address", "is_replacement"]

@@ -22,6 +22,9 @@ wrong is an error, because guessing would hang the job.
 torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT and says so to its workers
 (``TORCHELASTIC_USE_AGENT_STORE=True``, with the restart count ``TORCHELASTIC_RESTART_COUNT``):
 then every rank is that store's client and none may host one there.
+
+A job that may grow (``allreduce run --max-np``) names its lobby in ``ALLREDUCE_LOBBY`` and starts a
+replacement worker with ``ALLREDUCE_REPLACEMENT=1``: :func:`lobby_address` and :func:`is_replacement`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ DEFAULT_MASTER_PORT = 29500
 # A port derived from a launcher's job (and step): JOB_PORT_BASE + (job * JOB_STEPS + step) mod
 # JOB_PORTS, below Linux's ephemeral range (32768 up), so no outgoing connection holds it.
 JOB_PORT_BASE, JOB_PORTS, JOB_STEPS = 17000, 15000, 16
+
+LOBBY = "ALLREDUCE_LOBBY"  # host:port of the job's lobby store
+REPLACEMENT = "ALLREDUCE_REPLACEMENT"  # "1" in a process started to take a dead worker's place
 
 # source -> (rank, world size, local rank, local world size) variable names
 _FAMILIES = {
@@ -91,6 +97,16 @@ def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
     restart = _integer(env, "TORCHELASTIC_RESTART_COUNT", 0) or 0
     return LaunchInfo(rank, world_size, local_rank, local_world_size, master_addr,
                       DEFAULT_MASTER_PORT if master_port is None else master_port, source, agent_store, restart)
+
+
+def lobby_address(env: Mapping[str, str] = os.environ) -> str | None:
+    """``host:port`` of the job's lobby, where replacement workers wait to join (``None``: it cannot grow)."""
+    return env.get(LOBBY) or None
+
+
+def is_replacement(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the launcher started this process to take a dead worker's place."""
+    return env.get(REPLACEMENT) == "1"
 
 
 def first_host(nodelist: str) -> str:
