@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from support.paths import SRC
-from allreduce import cli, collectives
+from allreduce import cli, collectives, native
 from allreduce.cli import bench, measuring
 from allreduce.cli.measuring import BenchOptions, parse_size, sizes
 from allreduce.ops import ReduceOp, finish, reduce_into
@@ -298,3 +298,20 @@ def test_bench_end_to_end(tmp_path):
     assert "busbw(GB/s)" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == len(lines) and all(r["correct"] for r in rows)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_api_missing(), reason="allreduce.api cannot be imported: bench needs the collective API")
+@pytest.mark.parametrize("env, engines", [
+    ({"ALLREDUCE_ENGINE": "python"}, "lines python (ALLREDUCE_ENGINE=python), schedules python (ALLREDUCE_ENGINE=python)"),
+    ({"ALLREDUCE_ENGINE": "native"}, "lines native (compiled), schedules python (the links are not all plain TCP)"),
+    ({"ALLREDUCE_ENGINE": "native", "ALLREDUCE_TRANSPORT": "tcp"},
+     "lines none (no shared-memory lines in this group), schedules native (compiled; every link plain TCP)"),
+])
+def test_bench_says_which_engines_ran(env, engines):
+    if env["ALLREDUCE_ENGINE"] == "native" and native.load("lines")[0] is None:
+        pytest.skip("the compiled engine is not built here")
+    proc = subprocess.run([sys.executable, "-m", "allreduce", "bench", "-n", "2", "-b", "8", "-e", "8", "--iters", "1"],
+                          env={**os.environ, "PYTHONPATH": str(SRC), **env}, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"# engine: {engines}\n" in proc.stdout

@@ -74,7 +74,7 @@ def test_auto_runs_the_compiled_lines_and_python_when_asked(monkeypatch):
     monkeypatch.setenv("ALLREDUCE_ENGINE", "python")
     assert run_ranks(_engine_of, 2) == [("lines", "python (ALLREDUCE_ENGINE=python)")] * 2
     for algorithm, engine in run_ranks(_engine_of, 2, env={"ALLREDUCE_TRANSPORT": "tcp"}):
-        assert algorithm != "lines" and engine == "python (no shared-memory lines in this group)"
+        assert algorithm != "lines" and engine == "none (no shared-memory lines in this group)"
 
 
 def test_native_without_the_build_is_an_error_naming_why(monkeypatch):

@@ -125,9 +125,11 @@ def test_plain_links_take_the_compiled_engine_unless_told_otherwise():
     try:
         transport = TcpTransport(0, 2, {1: ours})
         assert transport.descriptors() == [-1, ours.fileno()]
-        assert isinstance(schedule_engine(transport, Settings(engine="native")), NativeTcpEngine)
-        assert isinstance(schedule_engine(transport, Settings(engine="auto")), NativeTcpEngine)
-        assert isinstance(schedule_engine(transport, Settings(engine="python")), ScheduleEngine)
+        assert isinstance(schedule_engine(transport, Settings(engine="native"))[0], NativeTcpEngine)
+        assert isinstance(schedule_engine(transport, Settings(engine="auto"))[0], NativeTcpEngine)
+        assert isinstance(schedule_engine(transport, Settings(engine="python"))[0], ScheduleEngine)
+        assert schedule_engine(transport, Settings(engine="auto"))[1].startswith("native (compiled")
+        assert schedule_engine(transport, Settings(engine="python"))[1] == "python (ALLREDUCE_ENGINE=python)"
     finally:
         ours.close()
         theirs.close()
@@ -139,7 +141,8 @@ def test_tls_links_stay_on_the_python_engine():
     try:
         transport = TcpTransport(0, 2, {1: wrapped})
         assert transport.descriptors() is None
-        assert isinstance(schedule_engine(transport, Settings(engine="native")), ScheduleEngine)
+        engine, why = schedule_engine(transport, Settings(engine="native"))
+        assert isinstance(engine, ScheduleEngine) and why == "python (the links are not all plain TCP)"
     finally:
         wrapped.close()
         theirs.close()

@@ -146,6 +146,8 @@ def _run(api, options: BenchOptions, nrows: int, json_path: str | None) -> list[
         return sweep(api, options)
     print(f"# allreduce bench: {world} ranks, {options.dtype}, op {options.op.name.lower()}, "
           f"{options.iters} iters after {options.warmup} warm-up, check {'on' if options.check else 'off'}")
+    group = api.default_group()
+    print(f"# engine: lines {group.engine}, schedules {group.schedules_engine}")
     print(format_header(), flush=True)
     headed = set()
 

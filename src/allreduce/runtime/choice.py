@@ -54,22 +54,25 @@ def lines_engine(lines, settings: Settings) -> tuple[Engine | None, str]:
     """
     module, why = native.chosen("lines", settings)
     if lines is None:
-        return None, "python (no shared-memory lines in this group)"
+        return None, "none (no shared-memory lines in this group)"
     if module is None:
         return LinesEngine(lines), f"python ({why})"
     return NativeLinesEngine(lines, module), f"native ({why})"
 
 
-def schedule_engine(transport, settings: Settings) -> Engine:
-    """The engine for the schedules of a group on ``transport``: the compiled one where ``settings``
-    allow, the extension loaded and every link is a plain TCP socket (:func:`..engines.engine_for`),
-    else the Python one.
+def schedule_engine(transport, settings: Settings) -> tuple[Engine, str]:
+    """The engine for the schedules of a group on ``transport``, and which it is and why: the compiled
+    one where ``settings`` allow, the extension loaded and every link is a plain TCP socket
+    (:func:`..engines.engine_for`), else the Python one.
 
     Raises:
         ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine is missing (naming why).
     """
-    module, _ = native.chosen("tcp", settings)
-    return engine_for(transport, module) or ScheduleEngine(transport)
+    module, why = native.chosen("tcp", settings)
+    compiled = engine_for(transport, module)
+    if compiled is not None:
+        return compiled, f"native ({why}; every link plain TCP)"
+    return ScheduleEngine(transport), f"python ({why if module is None else 'the links are not all plain TCP'})"
 
 
 class Choice:
