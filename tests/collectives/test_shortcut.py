@@ -343,3 +343,37 @@ def _chunks_between_rounds(rank: int, size: int) -> list[str]:
 def test_chunked_shortcuts_take_their_line_numbers_between_one_round_calls(size, engine, monkeypatch):
     monkeypatch.setenv("ALLREDUCE_SHM_LINE_CHUNK", "4096")
     _right_and_short(_chunks_between_rounds, size, engine)
+
+
+def _kept_and_stale(rank: int, size: int) -> tuple[list[bool], list[float]]:
+    g = dist.new_group([0, 1])
+    x = np.ones(4, np.float32)
+
+    def compiled():
+        return g.compiled_shortcut("all_reduce", x.dtype, x.size, dist.ReduceOp.SUM)
+
+    dist.all_reduce(x, group=g)  # 2: the shape is remembered
+    kept = compiled()
+    seen = [kept(x)]  # 4: a caller that keeps the shortcut runs on it
+    dist.use_deterministic_algorithms(True)
+    seen.append(kept(x))  # made under the other mode: refused, nothing done
+    dist.all_reduce(x, group=g)  # 8: the general path remembers the shape anew
+    again = compiled()
+    seen += [again is not kept, again(x)]  # 16
+    try:  # every rank refuses alike: the group stays usable, and retires what it kept
+        dist.all_gather_into_tensor(np.empty(3, np.float32), np.ones(2, np.float32), group=g)
+    except ValueError:
+        seen.append(again(x))
+    dist.all_reduce(x, group=g)  # 32
+    last = compiled()
+    seen.append(last(x))  # 64
+    dist.destroy_process_group(g)
+    seen.append(last(x))  # a destroyed group's shortcut runs nothing
+    return seen, x.tolist()
+
+
+@engines.only("native")
+def test_a_kept_compiled_shortcut_refuses_once_stale():
+    for seen, values in run_ranks(_kept_and_stale, 2, timeout=10):
+        assert seen == [True, False, True, True, False, True, False], seen
+        assert values == [64.0] * 4

@@ -55,13 +55,25 @@ def _shortcut_key(request: Request) -> tuple | None:
     call that has none (only automatic calls whose buffers are the caller's one array, or none, have one)."""
     if request.algorithm is not None or request.after is not None:
         return None
-    if request.collective == "all_reduce":
-        return request.dtype, request.count, request.op
-    if request.collective == "broadcast":
-        return "broadcast", request.dtype, request.count, request.root
-    if request.collective == "barrier":
+    return shortcut_key(request.collective, request.dtype, request.count, request.op, request.root)
+
+
+def shortcut_key(collective: str, dtype: np.dtype, count: int, op: ReduceOp, root: int) -> tuple | None:
+    """The key of an automatic call's shape in :attr:`ProcessGroup.shortcuts` (``None``: a collective without)."""
+    if collective == "all_reduce":
+        return dtype, count, op
+    if collective == "broadcast":
+        return "broadcast", dtype, count, root
+    if collective == "barrier":
         return ("barrier",)
     return None
+
+
+def _retire(known: tuple) -> None:
+    """Make a dropped entry of :attr:`ProcessGroup.shortcuts` refuse its calls, where a compiled caller
+    may still hold its shortcut (see :meth:`ProcessGroup.compiled_shortcut`)."""
+    if isinstance(known[2], NativePlan):
+        known[1].retire()
 
 
 def _buffers(data: np.ndarray | None) -> dict:
@@ -215,14 +227,29 @@ class ProcessGroup:
             if issued != self._queue.issued or not self._life.usable:
                 return
             seq = issued + 1
-            self.shortcuts.clear()  # the next call takes the general path, which says at once that it began
+            for known in self.shortcuts.values():  # the next call takes the general path, which says at once
+                _retire(known)  # that it began
+            self.shortcuts.clear()
         self._health.refused(seq, f"{collective}: {reason}")
 
     def _remember(self, key: tuple, planned) -> None:
         """Keep the shortcut of a call's shape under ``key`` (with the lock held; see :meth:`shortcut`)."""
         known = self.shortcuts.get(key)
         if known is None or known[2] is not planned or known[0] != determinism.epoch:
+            if known is not None:
+                _retire(known)
             self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
+
+    def compiled_shortcut(self, collective: str, dtype: np.dtype | None = None, count: int = 0,
+                          op: ReduceOp = ReduceOp.SUM, root: int = 0):
+        """The compiled shortcut (``_lines.c``'s Shortcut) of a blocking automatic call of this shape, where
+        the group keeps one now, else ``None``: for compiled callers that keep it (the torch backend's
+        shim calls it through ``_lines``' ``_C_API``). It answers ``False`` once stale (the group retired
+        it, or the determinism mode changed), so the caller goes the general way and asks again."""
+        known = self.shortcuts.get(shortcut_key(collective, dtype, count, op, root))
+        if known is None or known[0] != determinism.epoch or not isinstance(known[2], NativePlan):
+            return None
+        return known[1]
 
     def shortcut(self, planned):
         """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
@@ -235,7 +262,7 @@ class ProcessGroup:
                 self._queue.run_inline(seq, planned, _buffers(data), None, outcome)
 
             return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
-                                    resume)
+                                    resume, determinism)
 
         def run(data: np.ndarray | None) -> bool:
             if data is not None and not (data.flags.c_contiguous and data.flags.writeable):
