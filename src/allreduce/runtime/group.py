@@ -32,7 +32,7 @@ from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
-from ..engines.native_lines import NativePlan
+from ..engines.native_lines import NativeLinesEngine, NativePlan
 from ..planner import determinism
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
@@ -113,6 +113,7 @@ class ProcessGroup:
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None
         on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
+        self.compiled = isinstance(on_lines, NativeLinesEngine)  # whether its shapes get compiled shortcuts
         self._choice = Choice(size, name, self.topology, intra, self.settings, schedule_engine(transport, self.settings),
                               on_lines,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])

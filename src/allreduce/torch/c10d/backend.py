@@ -42,6 +42,7 @@ class ProcessGroupAllreduce:
     def __init__(self, group, shrunk: bool = False):
         self.group = group
         self._unsettled = shrunk  # made by shrink_group: torch registered it as Gloo (private.settle_shrunk)
+        self._compiled = group.compiled  # whether the shim may get compiled shortcuts (else no need to ask)
         self.issued = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
         # counts here the calls it runs on a compiled shortcut)
         self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
@@ -93,21 +94,21 @@ class ProcessGroupAllreduce:
             _refuse(dist.ReduceOp.RedOpType(op))
         api.all_reduce(array, reduce_op, group=self.group)
         self.issued += 1
-        return self.group.compiled_shortcut("all_reduce", array.dtype, array.size, reduce_op)
+        return self.group.compiled_shortcut("all_reduce", array.dtype, array.size, reduce_op) if self._compiled else None
 
     @in_torch_words
     def broadcast_now(self, array: np.ndarray, root: int):
         """``dist.broadcast(t, src)``; ``root`` is ``src``'s rank in this group."""
         api.broadcast(array, root, group=self.group)
         self.issued += 1
-        return self.group.compiled_shortcut("broadcast", array.dtype, array.size, root=root)
+        return self.group.compiled_shortcut("broadcast", array.dtype, array.size, root=root) if self._compiled else None
 
     @in_torch_words
     def barrier_now(self):
         """``dist.barrier()``."""
         api.barrier(group=self.group)
         self.issued += 1
-        return self.group.compiled_shortcut("barrier")
+        return self.group.compiled_shortcut("barrier") if self._compiled else None
 
     @in_torch_words
     def now_failed(self, error: BaseException) -> NoReturn:
