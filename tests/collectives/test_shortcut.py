@@ -76,7 +76,8 @@ def test_a_remembered_shape_from_a_second_thread_is_refused():
 
 SIZES = (0, 1, 2, 7, 13, 257, 1001)  # none, one, primes, fewer than and not divisible by the world size
 PAIRS = [(np.float32, dist.ReduceOp.SUM), (np.float64, dist.ReduceOp.MAX), (np.int32, dist.ReduceOp.PRODUCT),
-         (np.int64, dist.ReduceOp.MIN), (np.uint8, dist.ReduceOp.BOR), (np.float16, dist.ReduceOp.SUM)]
+         (np.int64, dist.ReduceOp.MIN), (np.uint8, dist.ReduceOp.BOR), (np.float16, dist.ReduceOp.SUM),
+         (np.float32, dist.ReduceOp.AVG), (np.float64, dist.ReduceOp.AVG)]
 
 
 def _inputs(rank: int, size: int, count: int, dtype, call: int) -> list[np.ndarray]:
@@ -89,7 +90,7 @@ def _remembered_shapes(rank: int, size: int) -> list[str]:
     kinds = set()
     for dtype, op in PAIRS:
         reference = {"SUM": np.add, "MAX": np.maximum, "PRODUCT": np.multiply, "MIN": np.minimum,
-                     "BOR": np.bitwise_or}[op.name]
+                     "BOR": np.bitwise_or, "AVG": np.add}[op.name]
         for count in SIZES:
             for call in range(4):  # the first call plans the shape; the others take its shortcut
                 ins = _inputs(rank, size, count, dtype, call)
@@ -98,6 +99,8 @@ def _remembered_shapes(rank: int, size: int) -> list[str]:
                 want = ins[0].copy()
                 for other in ins[1:]:
                     want = reference(want, other).astype(dtype)
+                if op is dist.ReduceOp.AVG:  # the sum's division, in the dtype
+                    np.divide(want, size, out=want)
                 if not np.array_equal(x, want):
                     wrong.append(f"{np.dtype(dtype).name} {op.name} {count} call {call}: {x[:4]} != {want[:4]}")
             known = dist.default_group().shortcuts.get((np.dtype(dtype), count, op))

@@ -52,8 +52,10 @@ _groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned 
 
 def _shortcut_key(request: Request) -> tuple | None:
     """The key under which :attr:`ProcessGroup.shortcuts` keeps ``request``'s shape, or ``None`` for a
-    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one)."""
-    if request.algorithm is not None or request.after is not None:
+    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one,
+    and nothing after them but an AVG all-reduce's division, which the shortcut's caller makes)."""
+    averaged = request.collective == "all_reduce" and request.op is ReduceOp.AVG
+    if request.algorithm is not None or (request.after is not None and not averaged):
         return None
     return shortcut_key(request.collective, request.dtype, request.count, request.op, request.root)
 
@@ -248,8 +250,8 @@ class ProcessGroup:
         shim calls it through ``_lines``' ``_C_API``). It answers ``False`` once stale (the group retired
         it, or the determinism mode changed), so the caller goes the general way and asks again."""
         known = self.shortcuts.get(shortcut_key(collective, dtype, count, op, root))
-        if known is None or known[0] != determinism.epoch or not isinstance(known[2], NativePlan):
-            return None
+        if known is None or known[0] != determinism.epoch or not isinstance(known[2], NativePlan) or op is ReduceOp.AVG:
+            return None  # (an AVG all-reduce's shortcut leaves its division to calls.py)
         return known[1]
 
     def shortcut(self, planned):
