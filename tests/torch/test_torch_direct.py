@@ -268,3 +268,74 @@ def test_a_timeout_on_the_kept_shortcut_is_in_torchs_words(engine):
     through, message = results[0]
     assert through == (0 if direct(engine, 2) else 1)
     assert "Timed out" in message and "all_reduce #4" in message and "rank 1" in message, message
+
+
+def _second_thread(rank: int, size: int):
+    import threading
+
+    counts, seen = probe(), []
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's async call waits for this one meanwhile: its calls are in flight
+        try:
+            dist.all_reduce(torch.ones(4))
+        except allreduce.AllreduceError:
+            pass
+        return seen
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    before = counts["allreduce_now"]
+
+    def other():
+        try:
+            dist.all_reduce(t)  # the kept shortcut's shape, from another thread
+            seen.append("no error")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    thread = threading.Thread(target=other, name="intruder")
+    thread.start()
+    thread.join()
+    try:
+        work.wait()
+    except Exception as exc:  # the call in flight fails with the conflict
+        seen.append(type(exc).__name__)
+    return seen + [counts["allreduce_now"] - before]
+
+
+def test_a_kept_shortcut_called_from_a_second_thread_is_refused(engine):
+    seen = run_torch_ranks(_second_thread, 2)[0]
+    assert "while thread 'MainThread' has calls in flight" in seen[0] and seen[-1] == 1, seen
+
+
+def _interrupted(rank: int, size: int):
+    import signal
+
+    counts = probe()
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(1.5)
+    else:
+        def alarm(*_):
+            raise RuntimeError("alarm")
+
+        signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+    before, outcomes = counts["allreduce_now"], []
+    for _ in range(2):
+        try:
+            dist.all_reduce(t)
+            outcomes.append("no error")
+        except (allreduce.AllreduceError, RuntimeError) as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    return outcomes, counts["allreduce_now"] - before
+
+
+def test_an_interrupted_call_on_the_kept_shortcut_raises_the_callers_exception_and_breaks_the_group(engine):
+    (first, later), through = run_torch_ranks(_interrupted, 2)[0]
+    assert first == "RuntimeError: alarm", first
+    assert later.startswith("GroupBroken") and "all_reduce #4 (lines) was interrupted by RuntimeError" in later, later
+    assert through == (1 if direct(engine, 2) else 2)  # the first call direct; the broken group's through Python
