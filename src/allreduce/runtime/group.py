@@ -115,7 +115,6 @@ class ProcessGroup:
         # The lines serve automatic calls where every member is on this host and no timeline traces schedules.
         lines = transport.lines if not self.settings.timeline else None
         on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
-        self.compiled = isinstance(on_lines, NativeLinesEngine)  # whether its shapes get compiled shortcuts
         self._choice = Choice(size, name, self.topology, intra, self.settings, schedule_engine(transport, self.settings),
                               on_lines,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
@@ -129,6 +128,7 @@ class ProcessGroup:
         # (determinism.epoch, shortcut, planned): blocking calls of a shape already run, which calls.py
         # hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
         self.shortcuts: dict[tuple, tuple] = {}
+        self.compiled = isinstance(on_lines, NativeLinesEngine)  # whether they are compiled (compiled_shortcut)
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
             thread.start()
