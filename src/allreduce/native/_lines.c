@@ -871,13 +871,13 @@ static PyObject *Plan_shortcut(Plan *p, PyObject *args)
     if (!PyArg_ParseTuple(args, "OLOddOOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
                           &life, &health, &resume, &epochs))
         return NULL;
-    PyObject *epoch = PyObject_GetAttr(epochs, s_epoch);
-    if (epoch == NULL)
-        return NULL;
     if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER) {
         PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive, resume callable, the plan no gather");
         return NULL;
     }
+    PyObject *epoch = PyObject_GetAttr(epochs, s_epoch);
+    if (epoch == NULL)
+        return NULL;
     PyObject *progress = PyObject_GetAttr(claims, s_progress);
     if (progress == NULL) {
         Py_DECREF(epoch);
