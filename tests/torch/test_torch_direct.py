@@ -25,7 +25,7 @@ from support.harness import free_port
 from support.torch_harness import run_ranks, run_torch_ranks
 
 import allreduce
-import allreduce.torch  # noqa: F401  (registers the backend for the ranks that initialize torch themselves)
+import allreduce.torch  # registers the backend for the ranks that initialize torch themselves
 
 pytestmark = engines.BOTH
 
@@ -43,12 +43,18 @@ def probe(group=None) -> dict[str, int]:
     """How many calls reach each ``*_now`` method of ``group``'s backend (the default group's), from now on."""
     impl = (group or dist.group.WORLD)._get_backend(torch.device("cpu")).impl
     counts = dict.fromkeys(NOW, 0)
-    for name in NOW:
-        def counted(*args, method=getattr(impl, name), name=name):
+
+    def counting(name: str):
+        method = getattr(impl, name)
+
+        def counted(*args):
             counts[name] += 1
             return method(*args)
 
-        setattr(impl, name, counted)
+        return counted
+
+    for name in NOW:
+        setattr(impl, name, counting(name))
     return counts
 
 
@@ -299,7 +305,7 @@ def _second_thread(rank: int, size: int):
     thread.join()
     try:
         work.wait()
-    except Exception as exc:  # the call in flight fails with the conflict
+    except allreduce.AllreduceError as exc:  # the call in flight fails with the conflict
         seen.append(type(exc).__name__)
     return seen + [counts["allreduce_now"] - before]
 
