@@ -13,6 +13,8 @@ the table shows rank 0's median wall and CPU time per call. Nothing runs on impo
 - ``numpy``: ``allreduce.all_reduce(array, group=g)``;
 - ``tensor``: ``allreduce.all_reduce(tensor, group=g)``, our API on the torch tensor (a numpy view per call);
 - ``torch``: ``torch.distributed.all_reduce(tensor)`` on backend "allreduce";
+- ``backend``: the backend's own ``allreduce([tensor], opts)`` as torch's dispatch calls it (blocking), so
+  ``torch`` minus ``backend`` is torch's layer and ``backend`` minus ``numpy`` the shim's;
 - ``optimizer``: a backward pass whose gradient ``allreduce.torch.DistributedOptimizer`` reduces
   (on its communication thread), then ``synchronize()``;
 - ``backward``: the same backward pass with no optimizer, to subtract from ``optimizer``.
@@ -48,7 +50,10 @@ def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bo
 
     torch.set_num_threads(1)
     tdist.init_process_group("allreduce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    group = tdist.group.WORLD._get_backend(torch.device("cpu")).impl.group
+    backend = tdist.group.WORLD._get_backend(torch.device("cpu"))
+    group = backend.impl.group
+    blocking = tdist.AllreduceOptions()
+    blocking.asyncOp = False  # what dist.all_reduce(t) passes
     count = max(1, nbytes // 4)
     array, tensor = np.zeros(count, np.float32), torch.zeros(count)  # sums stay finite
     weight, local = torch.ones(count, requires_grad=True), torch.ones(count, requires_grad=True)
@@ -60,6 +65,7 @@ def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bo
 
     calls = {"numpy": lambda: allreduce.all_reduce(array, group=group),
              "tensor": lambda: allreduce.all_reduce(tensor, group=group), "torch": lambda: tdist.all_reduce(tensor),
+             "backend": lambda: backend.allreduce([tensor], blocking),
              "optimizer": optimizer_step, "backward": lambda: local.sum().backward()}
     for call in calls.values():
         for _ in range(300):

@@ -76,7 +76,8 @@ def test_a_remembered_shape_from_a_second_thread_is_refused():
 
 SIZES = (0, 1, 2, 7, 13, 257, 1001)  # none, one, primes, fewer than and not divisible by the world size
 PAIRS = [(np.float32, dist.ReduceOp.SUM), (np.float64, dist.ReduceOp.MAX), (np.int32, dist.ReduceOp.PRODUCT),
-         (np.int64, dist.ReduceOp.MIN), (np.uint8, dist.ReduceOp.BOR), (np.float16, dist.ReduceOp.SUM)]
+         (np.int64, dist.ReduceOp.MIN), (np.uint8, dist.ReduceOp.BOR), (np.float16, dist.ReduceOp.SUM),
+         (np.float32, dist.ReduceOp.AVG), (np.float64, dist.ReduceOp.AVG)]
 
 
 def _inputs(rank: int, size: int, count: int, dtype, call: int) -> list[np.ndarray]:
@@ -89,7 +90,7 @@ def _remembered_shapes(rank: int, size: int) -> list[str]:
     kinds = set()
     for dtype, op in PAIRS:
         reference = {"SUM": np.add, "MAX": np.maximum, "PRODUCT": np.multiply, "MIN": np.minimum,
-                     "BOR": np.bitwise_or}[op.name]
+                     "BOR": np.bitwise_or, "AVG": np.add}[op.name]
         for count in SIZES:
             for call in range(4):  # the first call plans the shape; the others take its shortcut
                 ins = _inputs(rank, size, count, dtype, call)
@@ -98,6 +99,8 @@ def _remembered_shapes(rank: int, size: int) -> list[str]:
                 want = ins[0].copy()
                 for other in ins[1:]:
                     want = reference(want, other).astype(dtype)
+                if op is dist.ReduceOp.AVG:  # the sum's division, in the dtype
+                    np.divide(want, size, out=want)
                 if not np.array_equal(x, want):
                     wrong.append(f"{np.dtype(dtype).name} {op.name} {count} call {call}: {x[:4]} != {want[:4]}")
             known = dist.default_group().shortcuts.get((np.dtype(dtype), count, op))
@@ -343,3 +346,37 @@ def _chunks_between_rounds(rank: int, size: int) -> list[str]:
 def test_chunked_shortcuts_take_their_line_numbers_between_one_round_calls(size, engine, monkeypatch):
     monkeypatch.setenv("ALLREDUCE_SHM_LINE_CHUNK", "4096")
     _right_and_short(_chunks_between_rounds, size, engine)
+
+
+def _kept_and_stale(rank: int, size: int) -> tuple[list[bool], list[float]]:
+    g = dist.new_group([0, 1])
+    x = np.ones(4, np.float32)
+
+    def compiled():
+        return g.compiled_shortcut("all_reduce", x.dtype, x.size, dist.ReduceOp.SUM)
+
+    dist.all_reduce(x, group=g)  # 2: the shape is remembered
+    kept = compiled()
+    seen = [kept(x)]  # 4: a caller that keeps the shortcut runs on it
+    dist.use_deterministic_algorithms(True)
+    seen.append(kept(x))  # made under the other mode: refused, nothing done
+    dist.all_reduce(x, group=g)  # 8: the general path remembers the shape anew
+    again = compiled()
+    seen += [again is not kept, again(x)]  # 16
+    try:  # every rank refuses alike: the group stays usable, and retires what it kept
+        dist.all_gather_into_tensor(np.empty(3, np.float32), np.ones(2, np.float32), group=g)
+    except ValueError:
+        seen.append(again(x))
+    dist.all_reduce(x, group=g)  # 32
+    last = compiled()
+    seen.append(last(x))  # 64
+    dist.destroy_process_group(g)
+    seen.append(last(x))  # a destroyed group's shortcut runs nothing
+    return seen, x.tolist()
+
+
+@engines.only("native")
+def test_a_kept_compiled_shortcut_refuses_once_stale():
+    for seen, values in run_ranks(_kept_and_stale, 2, timeout=10):
+        assert seen == [True, False, True, True, False, True, False], seen
+        assert values == [64.0] * 4

@@ -212,3 +212,46 @@ def test_a_group_is_required():
     m = model()
     with pytest.raises(RuntimeError, match="init_process_group"):
         art.DistributedOptimizer(sgd(m))
+
+
+def _buckets_on_their_shortcut(rank, size):
+    """Gradients (rank + 1) * (1 + position) of several buckets, averaged over 5 steps; how many bucket
+    reductions of the gradient group took the general path (``ProcessGroup.collective``)."""
+    from allreduce.runtime import ProcessGroup
+
+    general = []
+    issue = ProcessGroup.collective
+
+    def counted(group, request, async_op=False):
+        if ".grads" in group.name and request.collective == "all_reduce":
+            general.append(request.op)
+        return issue(group, request, async_op)
+
+    ProcessGroup.collective = counted
+    params = [torch.zeros(n, requires_grad=True) for n in (3, 1000, 7)]
+    opts = {"op": ReduceOp.AVG}, {"op": ReduceOp.SUM}
+    seen = []
+    for options in opts:
+        opt = art.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), fusion_threshold_mb=0.001, **options)
+        for _ in range(5):
+            opt.zero_grad()
+            sum(((rank + 1.0) * (1 + torch.arange(p.numel())) * p).sum() for p in params).backward()
+            opt.synchronize()
+            seen.append([p.grad.tolist() for p in params])
+        seen.append(opt.num_buckets)
+        opt.close()
+    ProcessGroup.collective = issue
+    return seen, general
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_bucket_reductions_of_a_known_shape_take_the_groups_shortcut(size):
+    for seen, general in run_ranks(_buckets_on_their_shortcut, size):
+        ranks = sum(r + 1.0 for r in range(size))
+        for mean, steps in ((ranks / size, seen[:6]), (ranks, seen[6:])):
+            *grads, buckets = steps
+            want = [(mean * (1 + np.arange(p))).astype(np.float32).tolist() for p in (3, 1000, 7)]
+            assert grads == [want] * 5
+            assert buckets > 1
+        # each bucket's first reduction plans its shape; the later steps go straight to its shortcut
+        assert general == [ReduceOp.AVG] * seen[5] + [ReduceOp.SUM] * seen[11], general

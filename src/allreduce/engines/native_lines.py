@@ -87,13 +87,14 @@ class NativePlan:
         except BaseException as exc:
             raise reworded(exc, self._where % seq, timeout) from exc
 
-    def shortcut(self, timeout: float, lock, queue, claims, life, health, resume):
+    def shortcut(self, timeout: float, lock, queue, claims, life, health, resume, epochs):
         """The compiled shortcut of a blocking all-reduce of this shape (see ``_lines.c``'s Shortcut): it
         claims ``queue`` for the calling thread under ``claims``' rule while ``life`` is usable and nobody
         holds ``lock``, numbers the call (``queue.issued``), records it in ``health.started``, takes its line
-        numbers and runs it, handing any ending but the plain one to ``resume(seq, data, outcome)``."""
+        numbers and runs it, handing any ending but the plain one to ``resume(seq, data, outcome)``. It
+        refuses every call (``False``) once retired (``retire()``) or once ``epochs.epoch`` has changed."""
         return self.native.shortcut(self.engine.python, self.numbers, self.call, float(timeout), self.slice, lock,
-                                    queue, claims, life, health, resume)
+                                    queue, claims, life, health, resume, epochs)
 
     def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
         """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each

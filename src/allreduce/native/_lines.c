@@ -547,7 +547,7 @@ static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL, "run(number, call, data, out, timeout, slice)"},
     {"resume", (PyCFunction)(void (*)(void))Plan_resume, METH_FASTCALL, "resume(data, out, slice)"},
     {"shortcut", (PyCFunction)Plan_shortcut, METH_VARARGS,
-     "shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume) -> Shortcut"},
+     "shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume, epochs) -> Shortcut"},
     {NULL},
 };
 
@@ -572,7 +572,14 @@ static PyTypeObject PlanType = {
  * ends other than plainly (WAITING, MISMATCH, an exception, another thread's call meanwhile, work
  * queued behind it) is handed, as it stands, to the Python `resume(seq, data, outcome)`, which goes on
  * exactly as the general path would and frees the group. Calling it returns False, with nothing done,
- * where the general path must take the call. */
+ * where the general path must take the call.
+ *
+ * A shortcut is stale once its group has retired it (retire(): the group re-planned the shape, or told
+ * its peers of a refusal, after which the general path must say the next call began) or once
+ * `epochs.epoch` (planner/determinism.py's count of mode switches) is no longer the one it was made
+ * under; a stale one returns False too, so a caller that keeps one (the torch backend's shim) needs no
+ * other check than calling it. Compiled callers call it through the module's `_C_API` capsule: a
+ * pointer to shortcut_run(), which takes any object (0 for one that is not a Shortcut). */
 
 typedef struct {
     PyObject_HEAD
@@ -583,12 +590,17 @@ typedef struct {
     PyObject *acquire, *release;  /* the group's lock's bound methods */
     PyObject *queue, *jobs, *claims, *life, *health;
     PyObject *resume;
+    PyObject *epochs, *epoch;  /* valid while epochs.epoch is epoch */
+    int retired;  /* set by retire(): every call goes the general way */
     int64_t per_run;  /* line numbers one run takes */
     unsigned long progress;  /* the progress thread, which runs Work callbacks */
     double timeout, slice;
 } Shortcut;
 
-static PyObject *s_usable, *s_busy, *s_issued, *s_issuer, *s_conflict, *s_started, *s_numbered, *s_progress, *s_jobs;
+static PyTypeObject ShortcutType;
+
+static PyObject *s_usable, *s_busy, *s_issued, *s_issuer, *s_conflict, *s_started, *s_numbered, *s_progress, *s_jobs,
+    *s_epoch;
 
 /* A shortcut holds its group's parts, and the group (through resume) holds its shortcuts: a cycle the
  * garbage collector must see through. */
@@ -605,6 +617,8 @@ static int Shortcut_traverse(Shortcut *s, visitproc visit, void *arg)
     Py_VISIT(s->life);
     Py_VISIT(s->health);
     Py_VISIT(s->resume);
+    Py_VISIT(s->epochs);
+    Py_VISIT(s->epoch);
     return 0;
 }
 
@@ -621,6 +635,8 @@ static int Shortcut_clear(Shortcut *s)
     Py_CLEAR(s->life);
     Py_CLEAR(s->health);
     Py_CLEAR(s->resume);
+    Py_CLEAR(s->epochs);
+    Py_CLEAR(s->epoch);
     return 0;
 }
 
@@ -724,36 +740,47 @@ static int plainly(Shortcut *s)
     return PyObject_SetAttr(s->queue, s_busy, Py_False) < 0 ? -1 : 1;
 }
 
-/* shortcut(data) -> bool: see above. */
-static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+/* 1 if the shortcut is stale (see above), 0 if not, -1 on an error. */
+static int stale(Shortcut *s)
 {
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "shortcut(data)");
-        return NULL;
-    }
-    PyObject *data = args[0];
+    if (s->plan == NULL || s->retired)  /* no plan: cleared by the garbage collector, its group is going */
+        return 1;
+    PyObject *epoch = PyObject_GetAttr(s->epochs, s_epoch);
+    if (epoch == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(epoch, s->epoch, Py_EQ);
+    Py_DECREF(epoch);
+    return same < 0 ? -1 : !same;
+}
+
+/* shortcut(data), for Python and compiled callers: 1 if the call ran, 0 if the general path must take
+ * it (nothing done), -1 with the call's exception set. With the GIL held. */
+static int shortcut_run(PyObject *obj, PyObject *data)
+{
+    if (Py_TYPE(obj) != &ShortcutType)
+        return 0;
+    Shortcut *s = (Shortcut *)obj;
+    int old = stale(s);
+    if (old != 0)
+        return old < 0 ? -1 : 0;
     Plan *p = s->plan;
-    if (p == NULL)  /* cleared by the garbage collector: its group is going */
-        Py_RETURN_FALSE;
     Py_buffer view = {0};
     if (data != Py_None) {  /* memory the call may not run on in place is the general path's to refuse */
         if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
             PyErr_Clear();
-            Py_RETURN_FALSE;
+            return 0;
         }
         if (view.len != p->count * p->itemsize || (uintptr_t)view.buf % (uintptr_t)p->itemsize) {
             PyBuffer_Release(&view);
-            Py_RETURN_FALSE;
+            return 0;
         }
     } else if (p->count * p->itemsize != 0) {
-        Py_RETURN_FALSE;
+        return 0;
     }
     int64_t seq = claim(s);
     if (seq <= 0) {
         give_back(&view);
-        if (seq < 0)
-            return NULL;
-        Py_RETURN_FALSE;
+        return seq < 0 ? -1 : 0;
     }
     /* from here the group is this call's: every way out but the plain one goes through resume() */
     PyObject *outcome = NULL;
@@ -768,7 +795,7 @@ static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t 
         int plain = plainly(s);
         if (plain == 1) {
             Py_DECREF(outcome);
-            Py_RETURN_TRUE;
+            return 1;
         }
         if (plain < 0)
             Py_CLEAR(outcome);
@@ -788,10 +815,34 @@ static PyObject *Shortcut_vectorcall(Shortcut *s, PyObject *const *args, size_t 
     Py_XDECREF(seq_obj);
     Py_DECREF(outcome);
     if (result == NULL)
-        return NULL;
+        return -1;
     Py_DECREF(result);
-    Py_RETURN_TRUE;
+    return 1;
 }
+
+/* shortcut(data) -> bool: see above. */
+static PyObject *Shortcut_vectorcall(PyObject *s, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "shortcut(data)");
+        return NULL;
+    }
+    int ran = shortcut_run(s, args[0]);
+    if (ran < 0)
+        return NULL;
+    return PyBool_FromLong(ran);
+}
+
+static PyObject *Shortcut_retire(Shortcut *s, PyObject *Py_UNUSED(ignored))
+{
+    s->retired = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Shortcut_methods[] = {
+    {"retire", (PyCFunction)Shortcut_retire, METH_NOARGS, "retire(): every later call returns False (its group dropped it)."},
+    {NULL},
+};
 
 static PyObject *Shortcut_call(PyObject *s, PyObject *args, PyObject *kwargs)
 {
@@ -808,31 +859,37 @@ static PyTypeObject ShortcutType = {
     .tp_clear = (inquiry)Shortcut_clear,
     .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
     .tp_call = Shortcut_call,
+    .tp_methods = Shortcut_methods,
 };
 
-/* plan.shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume) */
+/* plan.shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume, epochs) */
 static PyObject *Plan_shortcut(Plan *p, PyObject *args)
 {
-    PyObject *numbers, *call, *lock, *queue, *claims, *life, *health, *resume;
+    PyObject *numbers, *call, *lock, *queue, *claims, *life, *health, *resume, *epochs;
     long long per_run;
     double timeout, slice;
-    if (!PyArg_ParseTuple(args, "OLOddOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
-                          &life, &health, &resume))
+    if (!PyArg_ParseTuple(args, "OLOddOOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
+                          &life, &health, &resume, &epochs))
         return NULL;
     if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER) {
         PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive, resume callable, the plan no gather");
         return NULL;
     }
-    PyObject *progress = PyObject_GetAttr(claims, s_progress);
-    if (progress == NULL)
+    PyObject *epoch = PyObject_GetAttr(epochs, s_epoch);
+    if (epoch == NULL)
         return NULL;
+    PyObject *progress = PyObject_GetAttr(claims, s_progress);
+    if (progress == NULL) {
+        Py_DECREF(epoch);
+        return NULL;
+    }
     unsigned long progress_id = progress == Py_None ? 0 : PyLong_AsUnsignedLong(progress);
     Py_DECREF(progress);
-    if (PyErr_Occurred())
+    Shortcut *s = PyErr_Occurred() ? NULL : PyObject_GC_New(Shortcut, &ShortcutType);
+    if (s == NULL) {
+        Py_DECREF(epoch);
         return NULL;
-    Shortcut *s = PyObject_GC_New(Shortcut, &ShortcutType);
-    if (s == NULL)
-        return NULL;
+    }
     s->vectorcall = (vectorcallfunc)Shortcut_vectorcall;
     s->plan = (Plan *)Py_NewRef(p);
     s->numbers = Py_NewRef(numbers);
@@ -845,6 +902,9 @@ static PyObject *Plan_shortcut(Plan *p, PyObject *args)
     s->life = Py_NewRef(life);
     s->health = Py_NewRef(health);
     s->resume = Py_NewRef(resume);
+    s->epochs = Py_NewRef(epochs);
+    s->epoch = epoch;
+    s->retired = 0;
     s->per_run = per_run;
     s->progress = progress_id;
     s->timeout = timeout;
@@ -940,8 +1000,9 @@ PyMODINIT_FUNC PyInit__lines(void)
     if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&ShortcutType) < 0)
         return NULL;
     PyObject **names[] = {&s_usable, &s_busy, &s_issued, &s_issuer, &s_conflict, &s_started, &s_numbered, &s_progress,
-                          &s_jobs};
-    const char *texts[] = {"usable", "busy", "issued", "issuer", "conflict", "started", "numbered", "progress", "jobs"};
+                          &s_jobs, &s_epoch};
+    const char *texts[] = {"usable", "busy", "issued", "issuer", "conflict", "started", "numbered", "progress", "jobs",
+                           "epoch"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
             return NULL;
@@ -955,11 +1016,14 @@ PyMODINIT_FUNC PyInit__lines(void)
                                      "LINE_PAYLOAD_AT", LINE_PAYLOAD_AT);
     PyObject *kinds = Py_BuildValue("{sisisisisi}", "all_reduce", ALL_REDUCE, "reduce", REDUCE, "broadcast", BROADCAST,
                                     "all_gather", ALL_GATHER, "barrier", BARRIER);
+    /* the C entry of a Shortcut, for compiled callers: int (*)(PyObject *shortcut, PyObject *data) */
+    PyObject *api = PyCapsule_New((void *)shortcut_run, "allreduce.native._lines._C_API", NULL);
     Py_INCREF(&LinesType);
     Py_INCREF(&PlanType);
     Misaligned = PyErr_NewException("allreduce.native._lines.Misaligned", PyExc_ValueError, NULL);
     Py_XINCREF(Misaligned);
-    if (layout == NULL || kinds == NULL || Misaligned == NULL || PyModule_AddObject(m, "Misaligned", Misaligned) < 0
+    if (layout == NULL || kinds == NULL || api == NULL || Misaligned == NULL
+        || PyModule_AddObject(m, "_C_API", api) < 0 || PyModule_AddObject(m, "Misaligned", Misaligned) < 0
         || PyModule_AddObject(m, "LAYOUT", layout) < 0
         || PyModule_AddObject(m, "KINDS", kinds) < 0 || PyModule_AddObject(m, "Lines", (PyObject *)&LinesType) < 0
         || PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 || PyModule_AddIntConstant(m, "DONE", DONE) < 0

@@ -32,7 +32,7 @@ from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Engine, P2PWork
 from ..algorithms.lines import LineLimits
-from ..engines.native_lines import NativePlan
+from ..engines.native_lines import NativeLinesEngine, NativePlan
 from ..planner import determinism
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
@@ -52,16 +52,30 @@ _groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned 
 
 def _shortcut_key(request: Request) -> tuple | None:
     """The key under which :attr:`ProcessGroup.shortcuts` keeps ``request``'s shape, or ``None`` for a
-    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one)."""
-    if request.algorithm is not None or request.after is not None:
+    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one,
+    and nothing after them but an AVG all-reduce's division, which the shortcut's caller makes)."""
+    averaged = request.collective == "all_reduce" and request.op is ReduceOp.AVG
+    if request.algorithm is not None or (request.after is not None and not averaged):
         return None
-    if request.collective == "all_reduce":
-        return request.dtype, request.count, request.op
-    if request.collective == "broadcast":
-        return "broadcast", request.dtype, request.count, request.root
-    if request.collective == "barrier":
+    return shortcut_key(request.collective, request.dtype, request.count, request.op, request.root)
+
+
+def shortcut_key(collective: str, dtype: np.dtype, count: int, op: ReduceOp, root: int) -> tuple | None:
+    """The key of an automatic call's shape in :attr:`ProcessGroup.shortcuts` (``None``: a collective without)."""
+    if collective == "all_reduce":
+        return dtype, count, op
+    if collective == "broadcast":
+        return "broadcast", dtype, count, root
+    if collective == "barrier":
         return ("barrier",)
     return None
+
+
+def _retire(known: tuple) -> None:
+    """Make a dropped entry of :attr:`ProcessGroup.shortcuts` refuse its calls, where a compiled caller
+    may still hold its shortcut (see :meth:`ProcessGroup.compiled_shortcut`)."""
+    if isinstance(known[2], NativePlan):
+        known[1].retire()
 
 
 def _buffers(data: np.ndarray | None) -> dict:
@@ -115,6 +129,7 @@ class ProcessGroup:
         # (determinism.epoch, shortcut, planned): blocking calls of a shape already run, which calls.py
         # hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
         self.shortcuts: dict[tuple, tuple] = {}
+        self.compiled = isinstance(on_lines, NativeLinesEngine)  # whether they are compiled (compiled_shortcut)
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
             thread.start()
@@ -216,14 +231,29 @@ class ProcessGroup:
             if issued != self._queue.issued or not self._life.usable:
                 return
             seq = issued + 1
-            self.shortcuts.clear()  # the next call takes the general path, which says at once that it began
+            for known in self.shortcuts.values():  # the next call takes the general path, which says at once
+                _retire(known)  # that it began
+            self.shortcuts.clear()
         self._health.refused(seq, f"{collective}: {reason}")
 
     def _remember(self, key: tuple, planned) -> None:
         """Keep the shortcut of a call's shape under ``key`` (with the lock held; see :meth:`shortcut`)."""
         known = self.shortcuts.get(key)
         if known is None or known[2] is not planned or known[0] != determinism.epoch:
+            if known is not None:
+                _retire(known)
             self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
+
+    def compiled_shortcut(self, collective: str, dtype: np.dtype | None = None, count: int = 0,
+                          op: ReduceOp = ReduceOp.SUM, root: int = 0):
+        """The compiled shortcut (``_lines.c``'s Shortcut) of a blocking automatic call of this shape, where
+        the group keeps one now, else ``None``: for compiled callers that keep it (the torch backend's
+        shim calls it through ``_lines``' ``_C_API``). It answers ``False`` once stale (the group retired
+        it, or the determinism mode changed), so the caller goes the general way and asks again."""
+        known = self.shortcuts.get(shortcut_key(collective, dtype, count, op, root))
+        if known is None or known[0] != determinism.epoch or not isinstance(known[2], NativePlan) or op is ReduceOp.AVG:
+            return None  # (an AVG all-reduce's shortcut leaves its division to calls.py)
+        return known[1]
 
     def shortcut(self, planned):
         """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
@@ -236,7 +266,7 @@ class ProcessGroup:
                 self._queue.run_inline(seq, planned, _buffers(data), None, outcome)
 
             return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
-                                    resume)
+                                    resume, determinism)
 
         def run(data: np.ndarray | None) -> bool:
             if data is not None and not (data.flags.c_contiguous and data.flags.writeable):

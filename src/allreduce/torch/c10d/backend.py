@@ -9,7 +9,8 @@ collectives reach these methods whether they call from Python or from C++.
 A call whose caller will wait (torch's ``opts.asyncOp`` false: ``dist.all_reduce(t)`` without
 ``async_op=True``) runs in the caller's thread, as our own blocking calls do, and returns a finished
 :class:`~.work.DoneWork`; the commonest of them (an all-reduce or broadcast of one CPU tensor, a
-barrier) come in through the ``*_now`` methods and get their finished work from the shim. Every other call
+barrier) come in through the ``*_now`` methods and get their finished work from the shim, which calls
+a shape's compiled shortcut itself once the group has one (no Python at all). Every other call
 (``async_op=True``, and C++ callers such as DDP's reducer) starts its collective asynchronously on
 the allreduce group and returns a :class:`~.work.TorchWork`.
 Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~allreduce.torch.common.tensors.Staged`)
@@ -41,7 +42,9 @@ class ProcessGroupAllreduce:
     def __init__(self, group, shrunk: bool = False):
         self.group = group
         self._unsettled = shrunk  # made by shrink_group: torch registered it as Gloo (private.settle_shrunk)
-        self._issued = 0  # collectives started, the same count on every rank (torch's sequence number)
+        self._compiled = group.compiled  # whether the shim may get compiled shortcuts (else no need to ask)
+        self.issued = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
+        # counts here the calls it runs on a compiled shortcut)
         self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
         self._barriers = 0  # monitored barriers held, which name their store keys
         self._left = False  # shutdown() has left the store
@@ -52,7 +55,7 @@ class ProcessGroupAllreduce:
 
     def _work(self, started, result, *after, source: int | None = -1) -> TorchWork | DoneWork:
         """The torch work of a collective ``started`` (``None``: it ran in this thread and is done)."""
-        self._issued += 1
+        self.issued += 1
         if self._unsettled:
             self._unsettled = False
             private.settle_shrunk(self)
@@ -78,28 +81,40 @@ class ProcessGroupAllreduce:
         return self._work(started, tensors, s.copy_back)
 
     # ---- the shim's short way: blocking calls on one CPU tensor, which it passes as a numpy view
-    # (``array``) and whose finished work it makes itself (see ``shim.cpp``) -------------------------
+    # (``array``) and whose finished work it makes itself (see ``shim.cpp``). Each returns the group's
+    # compiled shortcut of the call's shape (``None``: it has none), which the shim calls itself next
+    # time, with no Python in between, and counts in ``issued``; a shortcut that answers False (stale,
+    # or the group busy, broken or destroyed) sends the call here again ---------------------------
 
     @in_torch_words
-    def allreduce_now(self, array: np.ndarray, op: int) -> None:
+    def allreduce_now(self, array: np.ndarray, op: int):
         """``dist.all_reduce(t)``; ``op`` is torch's ``RedOpType`` number."""
         reduce_op = _BY_NUMBER.get(op)
         if reduce_op is None:
             _refuse(dist.ReduceOp.RedOpType(op))
         api.all_reduce(array, reduce_op, group=self.group)
-        self._issued += 1
+        self.issued += 1
+        return self.group.compiled_shortcut("all_reduce", array.dtype, array.size, reduce_op) if self._compiled else None
 
     @in_torch_words
-    def broadcast_now(self, array: np.ndarray, root: int) -> None:
+    def broadcast_now(self, array: np.ndarray, root: int):
         """``dist.broadcast(t, src)``; ``root`` is ``src``'s rank in this group."""
         api.broadcast(array, root, group=self.group)
-        self._issued += 1
+        self.issued += 1
+        return self.group.compiled_shortcut("broadcast", array.dtype, array.size, root=root) if self._compiled else None
 
     @in_torch_words
-    def barrier_now(self) -> None:
+    def barrier_now(self):
         """``dist.barrier()``."""
         api.barrier(group=self.group)
-        self._issued += 1
+        self.issued += 1
+        return self.group.compiled_shortcut("barrier") if self._compiled else None
+
+    @in_torch_words
+    def now_failed(self, error: BaseException) -> NoReturn:
+        """A call the shim ran on a compiled shortcut raised ``error``: raise it in the words the
+        ``*_now`` methods would have."""
+        raise error
 
     @in_torch_words
     def allreduce_sparse(self, tensors, opts=None):
@@ -235,7 +250,7 @@ class ProcessGroupAllreduce:
         return TorchWork(parts, None)
 
     def _get_sequence_number_for_group(self) -> int:
-        return self._issued
+        return self.issued
 
     def shutdown(self) -> None:
         """Close the group, release its keys from torch's store, then leave it (rank 0 waits briefly for the
@@ -269,7 +284,7 @@ class ProcessGroupAllreduce:
 
     def _joined(self, works: list, result) -> TorchWork | DoneWork:
         """One work done when all of ``works`` are (a coalesced call made of several collectives)."""
-        self._issued -= len(works) - 1
+        self.issued -= len(works) - 1
         parts = [part for w in works for part in w.parts]
         return TorchWork(parts, result) if parts else DoneWork(result)
 

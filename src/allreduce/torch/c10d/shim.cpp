@@ -11,7 +11,9 @@
 // barrier. The tensor's numpy view is made here and handed to impl's `allreduce_now` (with torch's op
 // number) or `broadcast_now` (with the root); no options object crosses into Python. Their work is a
 // DoneWork made here, finished from the start (no Python work, no GIL to wait on it). The views of
-// small tensors are kept for the next call on the same memory (Views).
+// small tensors are kept for the next call on the same memory (Views). Once the group has a compiled
+// shortcut for the call's shape (allreduce/native/_lines.c's Shortcut, which `*_now` returns), the
+// call goes straight to it through the C entry _lines exports, with no Python in between (Shortcuts).
 //
 // Built on first use by allreduce/torch/c10d/native.py (torch.utils.cpp_extension.load).
 
@@ -29,6 +31,16 @@ using Tensors = std::vector<at::Tensor>;
 
 namespace {
 
+// Lets go of a kept Python object: with the GIL held, or (interpreter gone) without freeing it, as there
+// is nothing left to free it with.
+void drop(py::object& kept, bool interpreter_alive) {
+  if (interpreter_alive) {
+    kept = py::object();
+  } else {
+    kept.release();
+  }
+}
+
 // A Python torch.distributed.Work (a subclass with wait/get_future) seen from C++.
 class PythonWork : public Work {
  public:
@@ -37,9 +49,9 @@ class PythonWork : public Work {
   ~PythonWork() override {
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
-      py_ = py::object();
+      drop(py_, true);
     } else {
-      py_.release();  // the interpreter is gone: nothing left to free it with
+      drop(py_, false);
     }
   }
 
@@ -145,11 +157,7 @@ class Views {
   // Drops the views: with the GIL held, or (interpreter gone) without freeing them.
   void clear(bool interpreter_alive) {
     for (Entry& e : kept_) {
-      if (interpreter_alive) {
-        e.view = py::object();
-      } else {
-        e.view.release();
-      }
+      drop(e.view, interpreter_alive);
     }
   }
 
@@ -162,6 +170,83 @@ class Views {
   };
   std::array<Entry, kKept> kept_;
   size_t next_ = 0;
+};
+
+// What a blocking call of the short way is, as far as its shortcut goes: the method (Now), the tensor's
+// dtype and element count, and torch's op number (all-reduce) or the root (broadcast).
+struct Shape {
+  int method = -1;  // matches no call
+  at::ScalarType type = at::kByte;
+  int64_t count = 0;
+  int arg = 0;
+  bool operator==(const Shape& o) const {
+    return method == o.method && type == o.type && count == o.count && arg == o.arg;
+  }
+};
+
+// The group's compiled shortcuts of recent call shapes: for each, what impl's `*_now` method returned
+// after its last call of that shape (None where the group has no compiled one). A shortcut holds itself
+// to the rules: it answers 0 (nothing done) where the general path must take the call (the group busy,
+// broken or destroyed, another thread's call in flight) and once stale (its group retired it on a
+// re-plan or a refusal, or the determinism mode changed since it was made), so a kept one can never run
+// a call wrongly, only send it the general way, whose `*_now` then returns the shortcut to keep.
+// Used with the GIL held.
+class Shortcuts {
+ public:
+  static constexpr size_t kKept = 8;
+
+  py::object of(const Shape& shape) const {
+    for (const Entry& e : kept_) {
+      if (e.shape == shape) {
+        return e.shortcut;
+      }
+    }
+    return py::object();
+  }
+
+  void keep(const Shape& shape, py::object shortcut) {
+    for (Entry& e : kept_) {
+      if (e.shape == shape) {
+        e.shortcut = std::move(shortcut);
+        return;
+      }
+    }
+    kept_[next_] = Entry{shape, std::move(shortcut)};
+    next_ = (next_ + 1) % kKept;
+  }
+
+  // 1: shortcut ran the call on `data` (a numpy view, or None for a barrier); 0: the general path must
+  // take it; -1: it raised (the Python error set). The entry is _lines.c's shortcut_run, found through
+  // its capsule on the first shortcut: one exists only where allreduce.native._lines loaded.
+  int run(const py::object& shortcut, const py::object& data) {
+    if (shortcut.is_none()) {
+      return 0;
+    }
+    if (run_ == nullptr) {
+      run_ = reinterpret_cast<Run>(PyCapsule_Import("allreduce.native._lines._C_API", 0));
+      if (run_ == nullptr) {
+        throw py::error_already_set();
+      }
+    }
+    return run_(shortcut.ptr(), data.ptr());
+  }
+
+  // Drops the shortcuts: with the GIL held, or (interpreter gone) without freeing them.
+  void clear(bool interpreter_alive) {
+    for (Entry& e : kept_) {
+      drop(e.shortcut, interpreter_alive);
+    }
+  }
+
+ private:
+  using Run = int (*)(PyObject* shortcut, PyObject* data);
+  struct Entry {
+    Shape shape;
+    py::object shortcut;
+  };
+  std::array<Entry, kKept> kept_;
+  size_t next_ = 0;
+  Run run_ = nullptr;
 };
 
 }  // namespace
@@ -180,17 +265,9 @@ class PythonBackend : public c10d::Backend {
   ~PythonBackend() override {
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
-      views_.clear(true);
-      for (py::object& method : now_) {
-        method = py::object();
-      }
-      impl_ = py::object();
+      drop_all(true);
     } else {
-      views_.clear(false);
-      for (py::object& method : now_) {
-        method.release();
-      }
-      impl_.release();
+      drop_all(false);
     }
   }
 
@@ -204,7 +281,7 @@ class PythonBackend : public c10d::Backend {
       FORWARD("broadcast", t, o);
     }
     py::gil_scoped_acquire gil;
-    now(kBroadcast, "broadcast_now", views_.of(t[0]), o.rootRank);
+    short_way(kBroadcast, "broadcast_now", &t[0], static_cast<int>(o.rootRank));
     return c10::make_intrusive<DoneWork>(t, c10d::OpType::BROADCAST);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
@@ -212,7 +289,7 @@ class PythonBackend : public c10d::Backend {
       FORWARD("allreduce", t, o);
     }
     py::gil_scoped_acquire gil;
-    now(kAllreduce, "allreduce_now", views_.of(t[0]), static_cast<int>(o.reduceOp.op_));
+    short_way(kAllreduce, "allreduce_now", &t[0], static_cast<int>(o.reduceOp.op_));
     return c10::make_intrusive<DoneWork>(t, c10d::OpType::ALLREDUCE);
   }
   WorkPtr allreduce_sparse(Tensors& t, const c10d::AllreduceOptions& o) override {
@@ -261,7 +338,7 @@ class PythonBackend : public c10d::Backend {
       FORWARD("barrier", o);
     }
     py::gil_scoped_acquire gil;
-    now(kBarrier, "barrier_now");
+    short_way(kBarrier, "barrier_now", nullptr, 0);
     return c10::make_intrusive<DoneWork>(Tensors(), c10d::OpType::BARRIER);
   }
   WorkPtr send(Tensors& t, int dst, int tag) override { FORWARD("send", t, dst, tag); }
@@ -310,20 +387,65 @@ class PythonBackend : public c10d::Backend {
   }
 
   // impl's method `name` of the short way, bound on its first call into now_[which], called with
-  // `args`; the caller holds the GIL.
-  enum Now { kAllreduce, kBroadcast, kBarrier, kNows };
+  // `args`; what it returns. The caller holds the GIL.
+  enum Now { kAllreduce, kBroadcast, kBarrier, kFailed, kNows };
   template <typename... Args>
-  void now(Now which, const char* name, Args&&... args) {
+  py::object now(Now which, const char* name, Args&&... args) {
     if (!now_[which]) {
       now_[which] = impl_.attr(name);
     }
-    now_[which](std::forward<Args>(args)...);
+    return now_[which](std::forward<Args>(args)...);
+  }
+
+  // A blocking call of the short way on tensor `t` (none: a barrier), `arg` its op number or root: on
+  // the shape's compiled shortcut where it takes the call, counted in impl's `issued` as `*_now` counts
+  // its own; else by impl's method `name`, keeping the shortcut it returns. A shortcut's error is raised
+  // by impl's `now_failed`, in the words `*_now` would have used. The caller holds the GIL.
+  void short_way(Now which, const char* name, const at::Tensor* t, int arg) {
+    const Shape shape{which, t ? t->scalar_type() : at::kByte, t ? t->numel() : 0, arg};
+    py::object data = t ? views_.of(*t) : py::none();
+    py::object shortcut = shortcuts_.of(shape);
+    if (shortcut) {
+      int ran = shortcuts_.run(shortcut, data);
+      if (ran < 0) {
+        py::error_already_set error;  // the call's exception, out of Python's error state
+        now(kFailed, "now_failed", error.value());  // raises it in torch's words
+        throw error;  // as it was, should now_failed ever return
+      }
+      if (ran > 0) {
+        count_issued();
+        return;
+      }
+    }
+    shortcuts_.keep(shape, t ? now(which, name, data, arg) : now(which, name));
+  }
+
+  // impl.issued += 1, with the GIL held.
+  void count_issued() {
+    if (!issued_) {
+      issued_ = py::str("issued");
+    }
+    py::object count = impl_.attr(issued_);
+    impl_.attr(issued_) = count + py::int_(1);
+  }
+
+  // Lets go of every Python object held (see drop).
+  void drop_all(bool interpreter_alive) {
+    views_.clear(interpreter_alive);
+    shortcuts_.clear(interpreter_alive);
+    drop(issued_, interpreter_alive);
+    for (py::object& method : now_) {
+      drop(method, interpreter_alive);
+    }
+    drop(impl_, interpreter_alive);
   }
 
   std::string name_;
   py::object impl_;
   std::array<py::object, kNows> now_;
+  py::object issued_;  // the name of impl's count
   Views views_;  // of the tensors of recent short-way calls
+  Shortcuts shortcuts_;  // of the shapes of recent short-way calls
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
