@@ -236,3 +236,26 @@ def test_waitany_ends_at_the_groups_timeout_naming_the_receive():
     name, message, waited = outcome
     assert name == "CommTimeout" and "recv #1 from rank 1 (tag 5)" in message and "timed out after 1s" in message
     assert 0.9 <= waited < 30.0
+
+
+def sendrecv_tested_early(rank, size):
+    """Rank 0 tests an Isendrecv with rank 1 before rank 1 sends (it waits in a barrier): not done yet,
+    in every test form; then done once the message came."""
+    from allreduce import MPI
+
+    comm, other = MPI.COMM_WORLD, 1 - rank
+    got = np.zeros(3, np.int32)
+    if rank == 1:
+        comm.Barrier()
+    request = comm.Isendrecv(filled(3, rank, 0), other, 4, got, other, 4)
+    early = []
+    if rank == 0:
+        early = [MPI.Request.Testall([request]), MPI.Request.Testany([request]) != (MPI.UNDEFINED, False),
+                 MPI.Request.Testsome([request]) != [], request.Get_status(), request.Test()]
+        comm.Barrier()
+    MPI.Request.Waitany([request])
+    return early, got.tolist() == filled(3, other, 0).tolist(), bool(request)
+
+
+def test_a_sendrecv_is_not_done_before_its_message_came():
+    assert run_ranks(sendrecv_tested_early, 2) == [([False] * 5, True, False), ([], True, False)]

@@ -189,9 +189,10 @@ def wait_any(works: list) -> None:
         RuntimeError: on the progress thread (from a callback), which would wait for itself.
     """
     p2p = [work for work in works if isinstance(work, P2PWork)]
-    if any(threading.get_ident() == work._completer for work in p2p):
-        p2p[0].wait()  # done already, or raises
-        return
+    for work in p2p:
+        if threading.get_ident() == work._completer:
+            work.wait()  # done already, or raises
+            return
     engines = {id(work._engine) for work in p2p}
     if p2p and len(p2p) == len(works) and len(engines) == 1:
         engine, ops = p2p[0]._engine, [work._op for work in p2p]
