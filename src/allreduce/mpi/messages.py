@@ -196,9 +196,15 @@ class _Both(Request):
         super().__init__(active=True)
         self._parts = receiving, sending
 
+    def _ready(self) -> bool:
+        return not self._active or all([part._ready() for part in self._parts])
+
+    def _running(self) -> list:
+        return [work for part in self._parts for work in part._running()]
+
     def _complete(self, block: bool, status: Status | None, blocking: bool = False) -> bool:
         receiving, sending = self._parts
-        if not block and not (Request.Get_status(receiving) and Request.Get_status(sending)):
+        if not block and not self._ready():
             return False
         receiving._complete(True, status, blocking)
         sending._complete(True, None, blocking)

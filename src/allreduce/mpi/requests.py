@@ -5,14 +5,18 @@ A ``Request`` wraps the work of a point-to-point operation or of a collective (:
 ``REQUEST_NULL``, as in MPI: false, equal to ``MPI.REQUEST_NULL``, and waiting on it again returns
 at once with an empty status. ``MPI.Request()`` is such an inactive request. A persistent request
 (``Prequest``, from ``Send_init``/``Recv_init``) starts its operation anew at each ``Start``.
+
+Every test (``Test``, ``Testany``, ``Get_status``...) of a point-to-point request moves the messages
+itself, as MPI's do (:meth:`~allreduce.p2p.P2PWork.is_completed`), so a loop of them never waits for
+another thread; ``Waitany`` and ``Waitsome`` wait in the engine's poll (:func:`~allreduce.p2p.wait_any`)
+and end at the group's timeout like ``Wait``.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from ..p2p import wait_any
 from .handles import Handle, constant
 
 ANY_SOURCE = -1
@@ -146,6 +150,14 @@ class Request(Handle):
     def _release(self) -> None:
         self.__dict__ = type(self)().__dict__
 
+    def _ready(self) -> bool:
+        """Whether completing it would not wait (a point-to-point one moves the messages first)."""
+        return not self._active or self._work is None or self._work.is_completed()
+
+    def _running(self) -> list:
+        """The works it still waits for."""
+        return [] if self._ready() else [self._work]
+
     def _complete(self, block: bool, status: Status | None, blocking: bool = False) -> bool:
         """Complete the operation if ``block`` or it is done; ``False`` if not yet."""
         if not self._active:
@@ -215,7 +227,7 @@ class Request(Handle):
 
     def Get_status(self, status: Status | None = None) -> bool:
         """Whether the operation is done, without completing it (its status once done)."""
-        if self._active and self._work is not None and not self._work.is_completed():
+        if not self._ready():
             return False
         if status is not None:
             if self._active and self._envelope is None and getattr(self._work, "source", None) is not None:
@@ -262,7 +274,7 @@ class Request(Handle):
     @staticmethod
     def Testall(requests, statuses=None) -> bool:
         slots = _statuses(statuses, len(requests))
-        if not all(not r._active or r._work is None or r._work.is_completed() for r in requests):
+        if not all([r._ready() for r in requests]):  # every one looked at: each test moves its messages
             return False
         for request, status in zip(requests, slots):
             request.Wait(status)
@@ -317,7 +329,7 @@ class Request(Handle):
             done = Request.Testsome(requests, statuses)
             if done:
                 return done
-            time.sleep(0.0002)
+            wait_any(_running(requests))
 
     @staticmethod
     def waitsome(requests, statuses=None):
@@ -328,7 +340,7 @@ class Request(Handle):
     def Testsome(requests, statuses=None) -> list[int] | None:
         if not any(r._active for r in requests):
             return None
-        done = [i for i, r in enumerate(requests) if r._active and (r._work is None or r._work.is_completed())]
+        done = [i for i, r in enumerate(requests) if r._active and r._ready()]
         filled = []
         for i in done:
             filled.append(Status() if statuses is not None else None)
@@ -371,6 +383,11 @@ def _statuses(statuses, count: int) -> list:
     return list(statuses) + [None] * (count - len(statuses))
 
 
+def _running(requests) -> list:
+    """The works the active ones of ``requests`` still wait for."""
+    return [work for request in requests if request._active for work in request._running()]
+
+
 def _any(requests, status, block: bool, settled=Request.Test) -> tuple[int, bool]:
     """``(index, flag)`` of one request that ``settled(request, status)`` finds done (``Test``
     completes it); ``(UNDEFINED, True)`` when none is active."""
@@ -385,7 +402,7 @@ def _any(requests, status, block: bool, settled=Request.Test) -> tuple[int, bool
                 return i, True
         if not block:
             return UNDEFINED, False
-        time.sleep(0.0002)
+        wait_any(_running(requests))
 
 
 class Prequest(Request):

@@ -25,11 +25,12 @@ host (:mod:`.nearby`) and says TAKEN, or else sends CLEAR and the payload follow
 rendezvous protocol). So an eager ``isend`` is done once its bytes are in the kernel, an announced one
 once its receive is posted and its bytes have moved. Messages to oneself are copied at once.
 
-**Time.** Every wait (``Work.wait``, a blocking probe) ends at the group's timeout: the operation
-then fails with :class:`CommTimeout` naming the peer, tag and number. An operation nobody waits for
-has no deadline. **Failure.** A peer that exits closes its links: the operations that needed it fail
-at once with :class:`PeerLost`. Any error breaks the engine as it breaks the group (``on_failure``):
-every pending operation fails, peers get ABORT frames with the reason, later calls raise (:mod:`.failure`).
+**Time.** Every wait (``Work.wait``, a blocking probe, :func:`.records.wait_any`) ends at the group's
+timeout: the operation then fails with :class:`CommTimeout` naming the peer, tag and number. An
+operation nobody waits for has no deadline. **Failure.** A peer that exits closes its links: the
+operations that needed it fail at once with :class:`PeerLost`. Any error breaks the engine as it
+breaks the group (``on_failure``): every pending operation fails, peers get ABORT frames with the
+reason, later calls raise (:mod:`.failure`).
 """
 
 from __future__ import annotations
@@ -201,8 +202,13 @@ class Engine(Receiving, Failing, Progress):
         self._owned()
         with self._cv:
             self._check()
-            if seen() or not block:
+            if seen():
                 return found[0] if found else None
+        if not block:
+            self.drive(seen, None)  # one look: a loop of non-blocking probes moves the messages itself
+            with self._cv:
+                self._check()
+            return found[0] if found else None
         if self.drive(seen, time.monotonic() + self.timeout) and found:
             return found[0]
         with self._cv:
@@ -215,6 +221,13 @@ class Engine(Receiving, Failing, Progress):
             settled = self._settle()
         self._resolve(settled)
         raise error
+
+    def look(self, op: Op) -> bool:
+        """Whether ``op`` is done, after one look at the links that waits for nothing (:meth:`drive` with
+        no deadline): what a test does, so that a loop of tests moves the messages itself."""
+        if not op.finished and self._foreign is None:  # a fork() child leaves the parent's links alone
+            self.drive(lambda: op.finished, None)
+        return op.finished
 
     def expire(self, op: Op) -> None:
         """``op`` reached the group's timeout: fail it with :class:`CommTimeout` (and break the engine)."""

@@ -1,4 +1,5 @@
-"""The records of point-to-point: a send, a receive, a message that arrived, a peer, and the Work handle.
+"""The records of point-to-point: a send, a receive, a message that arrived, a peer, and the Work handle
+(with :func:`wait_any`, a wait for the first of several).
 
 The engine (:mod:`.engine`) changes them under its lock; :class:`P2PWork` only reads them.
 """
@@ -19,6 +20,8 @@ from .matching import Envelope, Receive
 
 WINDOW = 1 << 20  # bytes of eager messages a sender may have unreceived at one receiver
 OVERHEAD = 256  # bytes each eager message counts against the window beyond its payload (bookkeeping)
+NAP_S = 50e-6  # seconds wait_any first sleeps between looks at works of several engines (or collectives)
+NAP_CAP_S = 1e-3  # and at most, doubling from NAP_S
 
 
 class Op:
@@ -146,6 +149,13 @@ class P2PWork(Work):
         """The blocking call this operation is part of was cut short by ``exc``: cancel it, or break the group."""
         self._engine.interrupted(self._op, exc)
 
+    def is_completed(self) -> bool:
+        """Whether it has finished, successfully or not; never blocks. Looks at the links first (once,
+        waiting for nothing), so that a loop of tests moves the messages itself, as MPI's tests do."""
+        if threading.get_ident() != self._completer:
+            self._engine.look(self._op)
+        return self._future.done()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; re-raise its error. Returns ``True`` like torch.
 
@@ -166,3 +176,33 @@ class P2PWork(Work):
         if error is not None:
             raise error
         return True
+
+
+def wait_any(works: list) -> None:
+    """Return once one of ``works`` (``Work`` handles: point-to-point ones, or collectives') is done,
+    moving the point-to-point messages meanwhile. Works of one engine wait in its poll, woken by the
+    frame that finishes one of them; a mix is looked at in turn, with naps in between. Nobody waits
+    past the group's timeout: a point-to-point operation still unfinished then fails with
+    :class:`~allreduce.errors.CommTimeout` (the group breaks), as its own wait would.
+
+    Raises:
+        RuntimeError: on the progress thread (from a callback), which would wait for itself.
+    """
+    p2p = [work for work in works if isinstance(work, P2PWork)]
+    for work in p2p:
+        if threading.get_ident() == work._completer:
+            work.wait()  # done already, or raises
+            return
+    engines = {id(work._engine) for work in p2p}
+    if p2p and len(p2p) == len(works) and len(engines) == 1:
+        engine, ops = p2p[0]._engine, [work._op for work in p2p]
+        if not engine.drive(lambda: any(op.finished for op in ops), time.monotonic() + engine.timeout):
+            engine.expire(ops[0])
+        return
+    start, nap = time.monotonic(), NAP_S
+    while works and not any(work.is_completed() for work in works):
+        for work in p2p:
+            if time.monotonic() - start >= work._engine.timeout:
+                work._engine.expire(work._op)
+        time.sleep(nap)
+        nap = min(2 * nap, NAP_CAP_S)
