@@ -38,7 +38,8 @@ def _fuzz(rounds: int, seed: int) -> None:
         peers[:] = rng.integers(0, 256, peers.size, dtype=np.uint8)
         words = peers.view(np.int64)
         lines = _lines.Lines(0, tuple(memory.ctypes.data + r * area for r in range(size)), layout.line_size(CAPACITY),
-                             CAPACITY, 1e-6, float(rng.choice([0.0, 1e-4, 10.0])), 1e-6, 1e-4, bool(rng.integers(2)))
+                             CAPACITY, 1e-6, 1e-5, float(rng.choice([0.0, 1e-4, 10.0])), 1e-6, 1e-4,
+                             bool(rng.integers(2)))
         wild = rng.integers(10) == 0  # now and then arguments out of range, which plan() must refuse
         kind = int(rng.integers(-1, 6) if wild else rng.integers(0, 5))
         code = int(rng.choice(codes) if wild else rng.integers(1, len(dtypes.SUPPORTED) + 1))

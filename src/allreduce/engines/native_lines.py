@@ -128,7 +128,8 @@ class NativeLinesEngine:
         self.python = LinesEngine(lines)  # the round numbers, and the plans of pairs C does not reduce
         options = lines.options
         self.native = module.Lines(lines.rank, lines.areas(), line_size(lines.capacity), lines.capacity,
-                                   options.spin_s, options.awake_s, options.yield_s, options.sleep_ms / 1000,
+                                   options.spin_s, options.spin_max_s, options.awake_s, options.yield_s,
+                                   options.sleep_ms / 1000,
                                    lines.crowded)
         lines.on_close(self.native.close)
         self.slice = max(options.check_s, 1e-3)  # how long a wait stays in C before Python's duties

@@ -20,9 +20,10 @@
  * What a peer writes can be any bytes: only its number, call and fingerprint words are read (and
  * compared), and the payload is read as data of the size this rank planned, never as a length.
  *
- * Waiting (see await_one): spin with `pause` while a rank is expected soon, then yield, then sleep on a
- * futex on the awaited line's number with this rank's sleeping flag raised; a poster wakes the
- * sleepers it sees flagged. "Expected soon" is read from the peer itself: a peer still inside its
+ * Waiting (see await_one): spin with `pause` while a rank is expected soon (for spin_max_s of a wait at
+ * most: a peer expected for longer is waiting for a core, which a spin would keep from it), then yield,
+ * then sleep on a futex on the awaited line's number with this rank's sleeping flag raised; a poster
+ * wakes the sleepers it sees flagged. "Expected soon" is read from the peer itself: a peer still inside its
  * call (it posted after it last returned: it is reading, folding, or was woken and waits for a core)
  * posts next as soon as it runs; one that returned within awake_s is in a loop of calls. A late call
  * changes nothing for the next one: no state of this rank's decides, so no wait can push later
@@ -81,7 +82,7 @@ typedef struct {
     char **areas;  /* [rank]: the lines area of each rank's control segment (its flag words) */
     char **lines;  /* [parity * size + rank]: the start of each line */
     Py_ssize_t capacity;  /* payload bytes of a line */
-    double spin_s, awake_s, yield_s, sleep_s;
+    double spin_s, spin_max_s, awake_s, yield_s, sleep_s;
     int crowded;  /* the group's ranks outnumber the cores: spinning only delays the peer */
     int closed;
 } Lines;
@@ -96,14 +97,15 @@ static void Lines_dealloc(Lines *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Lines(rank, areas, line_size, capacity, spin_s, awake_s, yield_s, sleep_s, crowded): `areas` are the
+/* Lines(rank, areas, line_size, capacity, spin_s, spin_max_s, awake_s, yield_s, sleep_s, crowded): `areas` are the
  * addresses (ints) of every rank's lines area in this process, in rank order. */
 static int Lines_init(Lines *self, PyObject *args, PyObject *kwds)
 {
     PyObject *areas;
     Py_ssize_t line_size;
-    if (!PyArg_ParseTuple(args, "iO!nnddddp", &self->rank, &PyTuple_Type, &areas, &line_size, &self->capacity,
-                          &self->spin_s, &self->awake_s, &self->yield_s, &self->sleep_s, &self->crowded))
+    if (!PyArg_ParseTuple(args, "iO!nndddddp", &self->rank, &PyTuple_Type, &areas, &line_size, &self->capacity,
+                          &self->spin_s, &self->spin_max_s, &self->awake_s, &self->yield_s, &self->sleep_s,
+                          &self->crowded))
         return -1;
     self->size = (int)PyTuple_GET_SIZE(areas);
     if (self->rank < 0 || self->rank >= self->size || self->capacity < 0 || line_size < LINE_PAYLOAD_AT + self->capacity) {
@@ -187,9 +189,11 @@ static int expected(Lines *L, int rank, double now)
 
 /* Wait until `rank`'s line shows `number`, from a wait that began at `began`, until `until`.
  * Returns 1 once it does, 0 at `until`, -1 when a signal interrupted a sleep (called without the GIL).
- * Spin while every rank has a core and the wait is young or the peer is expected soon; yield the core
- * instead where the group's ranks outnumber the cores (spinning would keep it from the peer), and while
- * the wait is younger than yield_s; then sleep. */
+ * Spin while every rank has a core and the wait is young, or the peer is expected soon and the wait is
+ * younger than spin_max_s; yield the core instead where the group's ranks outnumber the cores (spinning
+ * would keep it from the peer), while the peer is expected past spin_max_s (it is most likely waiting for
+ * a core: a spin would hold one for a whole time slice) and while the wait is younger than yield_s;
+ * then sleep. */
 static int await_one(Lines *L, int rank, int64_t number, double began, double until)
 {
     volatile int64_t *theirs = word_of(line_of(L, number, rank), LINE_NUMBER);
@@ -207,7 +211,7 @@ static int await_one(Lines *L, int rank, int64_t number, double began, double un
         if (young && !L->crowded)
             continue;
         int soon = young || expected(L, rank, now);
-        if (soon && !L->crowded)
+        if (soon && !L->crowded && elapsed < L->spin_max_s)
             continue;
         if (soon || elapsed < L->yield_s) {
             sched_yield();

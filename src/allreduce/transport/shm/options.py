@@ -30,7 +30,7 @@ class ShmOptions:
     chunked_max: int = 1 << 40  # larger all-reduces and reduces take the lines in chunks up to this (0: never)
     line_chunk: int = 1 << 20  # payload bytes of a line in those chunks (a multiple of 64)
     spin_s: float = 50e-6  # busy-wait this long (not when ranks outnumber cores or the cores are busy)
-    spin_max_s: float = 300e-6  # the lines widen their spin window up to this while peers arrive just after it
+    spin_max_s: float = 300e-6  # the lines spin at most this long for a peer (the Python lines widen to it)
     yield_s: float = 150e-6  # then sched_yield until this long (not when the cores are busy), then sleep
     awake_s: float = 5e-3  # the compiled lines keep a rank awake while the peer it awaits posted within this
     sleep_ms: int = 1  # longest sleep when no peer wakes us (a wake-up lost to a race costs this)
