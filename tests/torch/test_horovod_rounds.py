@@ -200,3 +200,24 @@ def test_process_sets_keep_rounds_of_their_own():
             assert out["pair"] == [4.0] * 3 and out["again"] == 2.0
         else:
             assert "pair" not in out and "again" not in out
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_results_land_in_the_callers_tensors_whatever_their_layout(size):
+    def fn(rank, world):
+        base = contribution(rank, 12, torch.float32).view(3, 4)
+        strided = base.t()  # not contiguous: reduced through a copy
+        out = {"new": hvd.allreduce(strided, op=hvd.Sum), "input kept": torch.equal(strided, base.t())}
+        same = strided.clone().t().contiguous().t()
+        out["in place"] = hvd.allreduce_(same, op=hvd.Sum)
+        out["is same"] = out["in place"] is same
+        out["scalar"] = hvd.allreduce(torch.tensor(rank + 1.0))
+        plain = base.clone()
+        out["plain in place"] = hvd.allreduce_(plain, op=hvd.Sum) is plain and torch.equal(plain, out["new"].t())
+        return out
+
+    total = sum(contribution(r, 12, torch.float32).view(3, 4) for r in range(size))
+    for out in run_hvd(fn, size):
+        assert torch.equal(out["new"], total.t()) and out["input kept"]
+        assert torch.equal(out["in place"], total.t()) and out["is same"] and out["plain in place"]
+        assert out["scalar"].shape == () and out["scalar"].item() == sum(range(1, size + 1)) / size

@@ -36,7 +36,7 @@ from ...ops import ReduceOp, as_op, finish_reduction
 
 from ..common import reduction
 from ..common.compression import Compression, Compressor
-from ..common.tensors import host_copy
+from ..common.tensors import host_copy, is_direct
 from . import adasum, joining, negotiation
 from .adasum import ADASUM
 from .handles import Pending, register
@@ -109,7 +109,13 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
     def start() -> Pending:
         if not tensors:
             return Pending([], lambda: outputs)
-        flat = host_copy(tensors)
+        own = len(outputs) == 1 and is_direct(outputs[0])  # the result's memory is the buffer: no copy out
+        if own:
+            flat = outputs[0].detach().view(-1)
+            if outputs[0] is not tensors[0]:
+                flat.copy_(tensors[0].detach().reshape(-1))
+        else:
+            flat = host_copy(tensors)
         scale_(flat, prescale_factor)
         if op is ADASUM:
             work, finish = adasum.start(flat, [t.numel() for t in tensors], compression, group)
@@ -124,9 +130,10 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
             if finish is not None:
                 finish()
             scale_(flat, postscale_factor / divisor)
-            with torch.no_grad():
-                for out, part in zip(outputs, flat.split([t.numel() for t in tensors])):
-                    out.copy_(part.view(out.shape))
+            if not own:
+                with torch.no_grad():
+                    for out, part in zip(outputs, flat.split([t.numel() for t in tensors])):
+                        out.copy_(part.view(out.shape))
             return outputs
 
         return Pending([work], done)
@@ -143,13 +150,18 @@ def _sum(flat: torch.Tensor, group):
     return api.all_reduce(flat, ReduceOp.SUM, group, async_op=True)
 
 
+def _reduced(options: tuple, name, tensors) -> list:
+    """New tensors holding ``tensors`` reduced as ``options`` say (:func:`grouped_allreduce`'s)."""
+    return submit_allreduce(tensors, [torch.empty_like(t) for t in tensors], *options, name=name).wait()
+
+
 class _Allreduce(torch.autograd.Function):
     """``grouped_allreduce`` for autograd: the backward pass reduces the gradients the same way."""
 
     @staticmethod
     def forward(ctx, options, name, *tensors):
         ctx.options = options
-        return tuple(submit_allreduce(tensors, [torch.empty_like(t) for t in tensors], *options, name=name).wait())
+        return tuple(_reduced(options, name, tensors))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -166,7 +178,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         Mismatch: the ranks disagree on the op, dtype, shapes or factors (on every rank; the set stays usable).
     """
     options = (resolve_op(op, average), prescale_factor, postscale_factor, compression, process_set)
-    return list(_Allreduce.apply(options, name, *tensors))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_Allreduce.apply(options, name, *tensors))
+    return _reduced(options, name, tensors)  # nothing to differentiate: autograd's bookkeeping is skipped
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
