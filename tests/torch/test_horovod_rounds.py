@@ -155,11 +155,12 @@ def test_join_between_alike_rounds(size):
 
     def fn(rank, world):
         gathers = Gathers()
-        out = {"sums": [], "averages": []}
+        out = {"sums": [], "averages": [], "big": []}
         for step in range(steps[rank]):
             x = contribution(rank, 7, torch.float32) + step
             out["sums"].append(hvd.allreduce(x, op=hvd.Sum, name="g"))
             out["averages"].append(hvd.allreduce(x))  # unnamed: counted from the last join on every rank
+            out["big"].append(hvd.allreduce(contribution(rank, COUNTS[-1], torch.float32) + step, name="big"))
         out["last"] = hvd.join()
         gathers.take()
         out["after"] = [hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum) for _ in range(2)]
@@ -172,6 +173,8 @@ def test_join_between_alike_rounds(size):
             total = sum(contribution(r, 7, torch.float32) + step for r in active)
             assert torch.equal(out["sums"][step], total)
             assert torch.equal(out["averages"][step], total / size)  # Average divides by the set's size
+            big = sum(contribution(r, COUNTS[-1], torch.float32) + step for r in active)
+            assert torch.equal(out["big"][step], big / size)  # summed in the background: the same rule
         assert out["last"] == max(range(size), key=lambda r: (steps[r], r))
         assert [t.item() for t in out["after"]] == [float(sum(range(size)))] * 2 and out["after gathers"] == 0
 
