@@ -30,7 +30,8 @@ collectives at the next blocking Horovod call of its rank, or at its second ``po
 A round first compares *digests*: each rank's announcement is a JSON text, and the ranks all-reduce
 (bitwise AND) its 16-byte BLAKE2b digest beside the digest's complement, 32 bytes of a fixed shape,
 so that after the first round the group's compiled shortcut takes it in one call. A bit set in
-neither half of the result is one where the ranks' digests differ. Where every rank announced the
+neither half of the result is one where the ranks' digests differ (texts that differ share a digest
+with odds of 2**-128: those of guessing a 128-bit key). Where every rank announced the
 same text (the common case: the ranks issue the same operations in the same order), each rank knows
 every rank's announcement already and files its own text once per rank: the round settles exactly
 as if the texts had been gathered. Only where the digests differ are the texts gathered: one
