@@ -9,6 +9,7 @@ the table shows rank 0's median wall and CPU time per call. Nothing runs on impo
     python benchmarks/torch_overhead.py                  # 8 bytes, 2 ranks
     python benchmarks/torch_overhead.py --bytes 8 4096 --profile   # cProfile of rank 0's torch calls
     python benchmarks/torch_overhead.py --layers         # the layers of one call, one process
+    python benchmarks/torch_overhead.py --hvd            # Horovod's hvd.allreduce against the numpy API
 
 - ``numpy``: ``allreduce.all_reduce(array, group=g)``;
 - ``tensor``: ``allreduce.all_reduce(tensor, group=g)``, our API on the torch tensor (a numpy view per call);
@@ -18,6 +19,13 @@ the table shows rank 0's median wall and CPU time per call. Nothing runs on impo
 - ``optimizer``: a backward pass whose gradient ``allreduce.torch.DistributedOptimizer`` reduces
   (on its communication thread), then ``synchronize()``;
 - ``backward``: the same backward pass with no optimizer, to subtract from ``optimizer``.
+
+``--hvd`` forms allreduce's default group instead, which ``hvd.init()`` adopts, and times on it:
+
+- ``numpy``: ``allreduce.all_reduce(array)`` (Sum);
+- ``hvd Sum``: ``hvd.allreduce(tensor, op=hvd.Sum)``, negotiated, a new tensor per call;
+- ``hvd Average``: ``hvd.allreduce(tensor)`` (Horovod's default op);
+- ``hvd Sum_``: ``hvd.allreduce_(tensor, op=hvd.Sum)``, in place.
 
 ``--layers`` times, in one process of world size 1 (no peer, so only the per-call machinery), the
 layers a blocking ``dist.all_reduce`` passes: torch's Python function, the ``ProcessGroup`` call
@@ -67,18 +75,49 @@ def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bo
              "tensor": lambda: allreduce.all_reduce(tensor, group=group), "torch": lambda: tdist.all_reduce(tensor),
              "backend": lambda: backend.allreduce([tensor], blocking),
              "optimizer": optimizer_step, "backward": lambda: local.sum().backward()}
+    seen = _interleaved(calls, rounds, "torch" if profile and rank == 0 else None)
+    tdist.barrier()
+    tdist.destroy_process_group()
+    if rank == 0:
+        out.put(seen)
+
+
+def _hvd_rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bool, out) -> None:
+    import numpy as np
+    import torch
+
+    import allreduce
+    import allreduce.torch as hvd
+
+    torch.set_num_threads(1)
+    allreduce.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    hvd.init()  # adopts the default group
+    count = max(1, nbytes // 4)
+    array, tensor = np.zeros(count, np.float32), torch.zeros(count)  # sums stay finite
+    calls = {"numpy": lambda: allreduce.all_reduce(array), "hvd Sum": lambda: hvd.allreduce(tensor, op=hvd.Sum),
+             "hvd Average": lambda: hvd.allreduce(tensor), "hvd Sum_": lambda: hvd.allreduce_(tensor, op=hvd.Sum)}
+    seen = _interleaved(calls, rounds, "hvd Sum" if profile and rank == 0 else None)
+    hvd.shutdown()
+    allreduce.destroy_process_group()
+    if rank == 0:
+        out.put(seen)
+
+
+def _interleaved(calls: dict, rounds: int, profiled: str | None) -> dict[str, tuple[float, float]]:
+    """Median (wall, cpu) seconds per call of each of ``calls``, over ``rounds`` interleaved batches (after a
+    warm-up); the call named ``profiled`` runs under cProfile, whose table goes to stderr."""
     for call in calls.values():
         for _ in range(300):
             call()
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     prof = None
-    if profile and rank == 0:
+    if profiled is not None:
         import cProfile
 
         prof = cProfile.Profile()
     for _ in range(rounds):
         for name, call in calls.items():
-            if prof is not None and name == "torch":
+            if prof is not None and name == profiled:
                 prof.enable()
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(BATCH):
@@ -86,19 +125,16 @@ def _rank(rank: int, size: int, port: int, nbytes: int, rounds: int, profile: bo
             seen[name].append(((time.perf_counter() - wall) / BATCH, (time.process_time() - cpu) / BATCH))
             if prof is not None:
                 prof.disable()
-    tdist.barrier()
-    tdist.destroy_process_group()
     if prof is not None:
         import pstats
 
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-    if rank == 0:
-        out.put({name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
-                 for name, runs in seen.items()})
+    return {name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+            for name, runs in seen.items()}
 
 
-def measure(nbytes: int, size: int, rounds: int, profile: bool) -> dict[str, tuple[float, float]]:
-    """Rank 0's median (wall, cpu) seconds per call of each kind, ``size`` forked ranks."""
+def measure(nbytes: int, size: int, rounds: int, profile: bool, target=_rank) -> dict[str, tuple[float, float]]:
+    """Rank 0's median (wall, cpu) seconds per call of each kind, ``size`` forked ranks running ``target``."""
     import multiprocessing as mp
 
     from allreduce.addresses import free_port
@@ -106,7 +142,7 @@ def measure(nbytes: int, size: int, rounds: int, profile: bool) -> dict[str, tup
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, size, port, nbytes, rounds, profile, out)) for r in range(size)]
+    procs = [ctx.Process(target=target, args=(r, size, port, nbytes, rounds, profile, out)) for r in range(size)]
     for p in procs:
         p.start()
     try:
@@ -171,6 +207,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=25, help="batches of each call, interleaved")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--layers", action="store_true", help="time the layers of one call instead (one process)")
+    parser.add_argument("--hvd", action="store_true", help="time Horovod's hvd.allreduce instead")
     args = parser.parse_args()
     import allreduce.torch  # noqa: F401  (registers the backend and builds its shim before the forks)
     from allreduce.torch.c10d import native
@@ -182,13 +219,13 @@ def main() -> None:
         for name, cpu in layers(args.rounds).items():
             print(f"{name:>34} {cpu * 1e6:7.2f}")
         return
-    print(f"{'bytes':>7} {'call':>10} {'wall us':>9} {'cpu us':>8} {'+ wall us':>10}   (load {os.getloadavg()[0]:.2f}, "
+    print(f"{'bytes':>7} {'call':>11} {'wall us':>9} {'cpu us':>8} {'+ wall us':>10}   (load {os.getloadavg()[0]:.2f}, "
           f"{args.ranks} ranks, median of {args.rounds} batches of {BATCH})")
     for nbytes in args.bytes:
-        got = measure(nbytes, args.ranks, args.rounds, args.profile)
+        got = measure(nbytes, args.ranks, args.rounds, args.profile, _hvd_rank if args.hvd else _rank)
         base = got["numpy"][0]
         for name, (wall, cpu) in got.items():
-            print(f"{nbytes:>7} {name:>10} {wall * 1e6:9.2f} {cpu * 1e6:8.2f} {(wall - base) * 1e6:10.2f}")
+            print(f"{nbytes:>7} {name:>11} {wall * 1e6:9.2f} {cpu * 1e6:8.2f} {(wall - base) * 1e6:10.2f}")
 
 
 if __name__ == "__main__":

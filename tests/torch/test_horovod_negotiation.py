@@ -184,10 +184,10 @@ def test_announcements_longer_than_a_slot_are_exchanged_whole():
 def test_a_loop_on_poll_makes_progress():
     def fn(rank, size):
         handle = hvd.allreduce_async(torch.tensor([rank + 1.0]), name="polled", op=hvd.Sum)
-        first, polls = hvd.poll(handle), 1
-        if rank == 0:  # the others wait in synchronize; rank 0 only polls
+        first = hvd.poll(handle)
+        if rank == 0:  # the others wait in synchronize; rank 0 only polls (a small sum is done in its round)
             while not hvd.poll(handle):
-                polls += 1
-        return first, polls > 1 or rank != 0, hvd.synchronize(handle).item()
+                pass
+        return first, hvd.synchronize(handle).item()
 
-    assert run_hvd(fn, SIZE) == [(False, True, 6.0)] * SIZE
+    assert run_hvd(fn, SIZE) == [(False, 6.0)] * SIZE

@@ -12,6 +12,11 @@ are formed in float32 (:func:`~allreduce.torch.common.reduction.reduce_flat`), w
 Every call is negotiated first (:mod:`.negotiation`): the ranks pair it up by ``name`` and agree on
 its op, dtype, shapes, factors and wire dtype, or every rank gets the same ``Mismatch``.
 
+A Sum or Average whose tensors travel as they are (no 16-bit wire) is a plain sum, an Average then
+dividing by the set's size as the core's AVG does (same bits). Up to :data:`SMALL` bytes the sum runs
+at once, on the buffer's numpy view, which the group's compiled shortcut takes in one call once the
+group has run that shape; larger sums run in the background.
+
 ``allreduce`` and ``grouped_allreduce`` are differentiable as in Horovod: the gradient of a reduction
 is the same reduction of the output gradients.
 
@@ -26,17 +31,19 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import ReduceOp, as_op
+from ... import api
+from ...ops import ReduceOp, as_op, finish_reduction
 
 from ..common import reduction
 from ..common.compression import Compression, Compressor
-from ..common.tensors import host_copy
+from ..common.tensors import host_copy, is_direct
 from . import adasum, joining, negotiation
 from .adasum import ADASUM
 from .handles import Pending, register
 from .process_sets import global_process_set, group_of
 
 OPS = (ReduceOp.AVG, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, ADASUM)
+SMALL = 1 << 16  # bytes: a plain sum this small is bound by latency, so it runs at once (see the module docstring)
 
 
 def resolve_op(op, average=None, default=ReduceOp.AVG):
@@ -92,7 +99,8 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
     wire = compression.wire_dtype_for(dtype)
     count = sum(t.numel() for t in tensors)
     divides = dtype.is_floating_point or dtype.is_complex  # else: Horovod's truncating scale
-    reduce_op = ReduceOp.SUM if op is ReduceOp.AVG and not divides else op
+    plain = op in reduction.REDUCTIONS and wire == dtype and dtype not in reduction.HALF  # summed as it is
+    reduce_op = ReduceOp.SUM if op is ReduceOp.AVG and (plain or not divides) else op
     serves = (joining.Request(joining.ADASUM, count, dtype, ReduceOp.SUM, wire) if op is ADASUM else
               joining.Request(joining.REDUCE, count, dtype, reduce_op, wire))
     agreed = {"op": repr(op), "dtype": str(dtype), "shapes": [list(t.shape) for t in tensors],
@@ -101,25 +109,50 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
     def start() -> Pending:
         if not tensors:
             return Pending([], lambda: outputs)
-        flat = host_copy(tensors)
+        own = len(outputs) == 1 and is_direct(outputs[0])  # the result's memory is the buffer: no copy out
+        if own:
+            flat = outputs[0].detach().view(-1)
+            if outputs[0] is not tensors[0]:
+                flat.copy_(tensors[0].detach().reshape(-1))
+        else:
+            flat = host_copy(tensors)
         scale_(flat, prescale_factor)
         if op is ADASUM:
             work, finish = adasum.start(flat, [t.numel() for t in tensors], compression, group)
+        elif plain:
+            work, finish = _sum(flat, group), finish_reduction(op if divides else ReduceOp.SUM, flat.numpy(),
+                                                                group.size)  # AVG's division, or None
         else:
             work, finish = reduction.start(flat, compression, reduce_op, group)
-        divisor = group.size if op is ReduceOp.AVG and reduce_op is ReduceOp.SUM else 1
+        divisor = group.size if op is ReduceOp.AVG and not divides else 1
 
         def done():
-            finish()
+            if finish is not None:
+                finish()
             scale_(flat, postscale_factor / divisor)
-            with torch.no_grad():
-                for out, part in zip(outputs, flat.split([t.numel() for t in tensors])):
-                    out.copy_(part.view(out.shape))
+            if not own:
+                with torch.no_grad():
+                    for out, part in zip(outputs, flat.split([t.numel() for t in tensors])):
+                        out.copy_(part.view(out.shape))
             return outputs
 
         return Pending([work], done)
 
     return negotiation.submit(group, negotiation.Request("allreduce", name, agreed, start, serves))
+
+
+def _sum(flat: torch.Tensor, group):
+    """Start summing ``flat`` across ``group``: its :class:`~allreduce.Work`, or ``None`` where the sum is
+    done already (up to :data:`SMALL` bytes: at once, on the numpy view the group's shortcut takes)."""
+    if flat.numel() * flat.element_size() <= SMALL:
+        api.all_reduce(flat.numpy(), ReduceOp.SUM, group)
+        return None
+    return api.all_reduce(flat, ReduceOp.SUM, group, async_op=True)
+
+
+def _reduced(options: tuple, name, tensors) -> list:
+    """New tensors holding ``tensors`` reduced as ``options`` say (:func:`grouped_allreduce`'s)."""
+    return submit_allreduce(tensors, [torch.empty_like(t) for t in tensors], *options, name=name).wait()
 
 
 class _Allreduce(torch.autograd.Function):
@@ -128,7 +161,7 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, options, name, *tensors):
         ctx.options = options
-        return tuple(submit_allreduce(tensors, [torch.empty_like(t) for t in tensors], *options, name=name).wait())
+        return tuple(_reduced(options, name, tensors))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -145,7 +178,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         Mismatch: the ranks disagree on the op, dtype, shapes or factors (on every rank; the set stays usable).
     """
     options = (resolve_op(op, average), prescale_factor, postscale_factor, compression, process_set)
-    return list(_Allreduce.apply(options, name, *tensors))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_Allreduce.apply(options, name, *tensors))
+    return _reduced(options, name, tensors)  # nothing to differentiate: autograd's bookkeeping is skipped
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
