@@ -23,10 +23,12 @@ from .constructors import (  # noqa: F401 - MPI's combiner names are module attr
 )
 from . import derived
 from .derived import Layout
+from .environment import VERSION as _VERSION
 from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
 from .handles import Handle, constant
 
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
+_INT_MAX = 2**31 - 1  # the most elements a count of MPI 3 (a C int) holds
 
 
 @dataclass(eq=False)
@@ -64,7 +66,21 @@ class Datatype(Handle, Constructors):
                    (list(integers), list(addresses), list(datatypes), dict(params)))
 
     def _repeated(self, count: int) -> "Datatype":
-        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing)."""
+        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing).
+
+        Past ``INT_MAX`` elements on an MPI before 4.0 (``Get_version``), whose counts are C ints, the type
+        is what such an MPI makes and ``decode`` shows: a struct of a vector of ``INT_MAX``-element blocks
+        and a contiguous rest. Either way its elements lie back to back and nothing is laid out.
+        """
+        if count > _INT_MAX and _VERSION < 4:
+            blocks, rest = divmod(count, _INT_MAX)
+            vector = Datatype(self._basic(), "", self.count * blocks * _INT_MAX, COMBINER_VECTOR, None,
+                              ([blocks, _INT_MAX, _INT_MAX], [], [self],
+                               {"count": blocks, "blocklength": _INT_MAX, "stride": _INT_MAX}))
+            parts, displacements = [vector, self._repeated(rest)], [0, blocks * _INT_MAX * self.extent]
+            return Datatype(self._basic(), "", self.count * count, COMBINER_STRUCT, None,
+                            ([2, 1, 1], displacements, parts,
+                             {"blocklengths": [1, 1], "displacements": displacements, "datatypes": parts}))
         return Datatype(self._basic(), "", self.count * count, COMBINER_CONTIGUOUS, None,
                         ([count], [], [self], {"count": count}))
 
