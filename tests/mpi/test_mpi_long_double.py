@@ -89,3 +89,15 @@ def test_long_doubles_between_ranks_keep_their_precision(size):
         assert np.array_equal(got["scan"], np.sum(inputs[:rank + 1], axis=0))
         values, indices = got["pairs"]
         assert np.array_equal(values, inputs[-1][:3]) and indices.tolist() == [10, 20, 30]
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_arrays_of_long_doubles_are_memory_mpi_buffers_view(dtype):
+    """numpy exports them through the buffer protocol alone (no DLPack): a buffer views them in place."""
+    values = np.arange(3, dtype=dtype)
+    view = MPI.buffer(values)
+    assert (view.address, view.nbytes) == (values.ctypes.data, values.nbytes) and not view.readonly
+    view[0] = 7
+    assert values.view(np.uint8)[0] == 7
+    MPI.Attach_buffer(values)
+    assert MPI.Detach_buffer().address == values.ctypes.data
