@@ -1,6 +1,9 @@
 """The element types collectives move, and a small stable code for each one on the wire.
 
-bfloat16 comes from ``ml_dtypes`` when it is installed; everything else is plain numpy.
+bfloat16 comes from ``ml_dtypes`` when it is installed; everything else is plain numpy. Codes never
+change: a new dtype takes the next free one, and bfloat16 keeps its code where it is missing. C's
+``long double`` (numpy's ``longdouble`` and ``clongdouble``, MPI's ``LONG_DOUBLE``) is carried where
+it is a type of its own; the compiled kernels have no loop for it, so its folds are numpy's.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ _NAMES = [
 ]
 _BY_CODE: dict[int, np.dtype] = {i + 1: np.dtype(n) for i, n in enumerate(_NAMES)}
 if bfloat16 is not None:
-    _BY_CODE[len(_NAMES) + 1] = bfloat16
+    _BY_CODE[15] = bfloat16
+if np.dtype(np.longdouble) != np.dtype(np.float64):  # where long double is double, "float64" stands for it
+    _BY_CODE.update({16: np.dtype(np.longdouble), 17: np.dtype(np.clongdouble)})
 _CODES = {dt: code for code, dt in _BY_CODE.items()}
 
 SUPPORTED: tuple[np.dtype, ...] = tuple(_BY_CODE.values())

@@ -58,7 +58,7 @@ def allowed_ops(dtype: np.dtype) -> frozenset[ReduceOp]:
         return frozenset(_ARITHMETIC | _ORDERED | _BITWISE)
     if dtype.kind == "c":
         return frozenset(_ARITHMETIC | {ReduceOp.AVG})
-    return frozenset(_ARITHMETIC | _ORDERED | {ReduceOp.AVG})  # floats, float16, bfloat16
+    return frozenset(_ARITHMETIC | _ORDERED | {ReduceOp.AVG})  # floats, float16, bfloat16, long double
 
 
 # a foreign op's name -> ours: torch's names, and MPI's PROD
@@ -128,8 +128,11 @@ class _Ordered:
         if tie:  # where b and the result are zeros (a was a zero, or b won): flip the signs that differ
             np.logical_and(flip, np.equal(out, 0), out=flip)
             np.logical_and(flip, np.not_equal(np.signbit(out), sign), out=flip)
-            bits = out.view(f"u{out.itemsize}")
-            bits ^= np.left_shift(flip, 8 * out.itemsize - 1, dtype=bits.dtype)
+            if out.itemsize <= 8:
+                bits = out.view(f"u{out.itemsize}")
+                bits ^= np.left_shift(flip, 8 * out.itemsize - 1, dtype=bits.dtype)
+            else:  # a long double's sign is not its item's top bit (x87's 80 bits in 16 bytes)
+                np.negative(out, out=out, where=flip)
         nan = np.isnan(out)
         if nan.any():
             np.putmask(out, nan, np.nan)

@@ -162,6 +162,25 @@ def test_dlpack_tensors_are_read_as_mpi4py_reads_them():
                 MPI.Get_address(square)
 
 
+@pytest.mark.skipif(np.dtype(np.longdouble) == np.dtype(np.float64), reason="long double is double here")
+def test_two_lanes_of_floats_are_a_complex_as_mpi4py_reads_them():
+    """DLPack has no code for long double's complex: a producer describes it as two float lanes."""
+    values = (np.arange(3) + 1j * np.arange(3, 6)).astype(np.clongdouble)
+    tensor = EditableDLPack(values.view(np.uint8), np.uint8)
+    tensor.shape[0] = 3
+    tensor.managed.tensor.code, tensor.managed.tensor.bits, tensor.managed.tensor.lanes = 2, 8 * np.dtype("g").itemsize, 2
+    got = np.zeros(3, np.clongdouble)
+    MPI.COMM_SELF.Allreduce(tensor, got, MPI.SUM)  # datatypes of both buffers must match
+    assert np.array_equal(got, values)
+    cai = HostCAI([0])  # over memory of three long double complexes ("<c32")
+    cai.memory = values.copy()
+    cai.__cuda_array_interface__ = {"version": 3, "data": (cai.memory.ctypes.data, False),
+                                    "typestr": values.dtype.str, "shape": (3,)}
+    got[:] = 0
+    MPI.COMM_SELF.Allreduce(cai, got, MPI.SUM)
+    assert np.array_equal(got, values)
+
+
 def test_malformed_dlpack_descriptions_raise_buffer_errors():
     def edited(edit):
         made = EditableDLPack([1, 2])

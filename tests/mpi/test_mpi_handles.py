@@ -173,7 +173,7 @@ MPI_MAX_USER_OPS = 32
 
 
 def test_datatypes_numpy_cannot_hold_are_null_and_codes_map_both_ways():
-    assert MPI.LONG_DOUBLE == MPI.DATATYPE_NULL and not MPI.DATATYPE_NULL
+    assert MPI.REAL16 == MPI.COMPLEX32 == MPI.DATATYPE_NULL and not MPI.DATATYPE_NULL and MPI.LONG_DOUBLE
     assert MPI.Datatype.fromcode("i") is MPI.INT and MPI.DOUBLE.tocode() == "d" and MPI.UNSIGNED_INT is MPI.UNSIGNED
     dup = MPI.DOUBLE.Dup()
     assert dup != MPI.DOUBLE and dup.Get_size() == 8 and dup.Get_envelope()[-1] == MPI.COMBINER_DUP

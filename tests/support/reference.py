@@ -76,12 +76,13 @@ def left_fold_misses(all_reduce, rank: int, size: int, count: int) -> list[str]:
     return wrong
 
 
-def reduction_misses(rank: int, size: int, dtype: np.dtype, op: ReduceOp, count: int) -> list[str]:
-    """An all-reduce and a reduce (to rank ``count % size``) of ``count`` inputs through the default
-    group, against numpy: a line for each that came out wrong."""
+def reduction_misses(rank: int, size: int, dtype: np.dtype, op: ReduceOp, count: int,
+                     make=make_input) -> list[str]:
+    """An all-reduce and a reduce (to rank ``count % size``) of ``count`` inputs (``make(dtype, count,
+    rank, op)``) through the default group, against numpy: a line for each that came out wrong."""
     import allreduce as dist
 
-    inputs = [make_input(dtype, count, r, op) for r in range(size)]
+    inputs = [make(dtype, count, r, op) for r in range(size)]
     misses = []
     x = inputs[rank].copy()
     dist.all_reduce(x, op=op)

@@ -8,8 +8,9 @@ Python looks for a gone peer, calls the idle hook, keeps the deadline and lets s
 then resumes it; and ``MISMATCH`` with the rank whose line differs, which Python words as the Python
 engine does. A plan also makes the group's *shortcut* for its shape (:meth:`NativePlan.shortcut`): the
 claim, numbering and run of a blocking call in one C call, whose endings other than the plain one come
-back to :meth:`NativePlan.resume`. A pair the compiled kernels lack (complex PRODUCT) is planned by the
-Python lines engine, which shares this engine's round numbers, so both kinds of plan run in one group.
+back to :meth:`NativePlan.resume`. A pair the compiled kernels lack (complex PRODUCT), and any call of a
+dtype whose items the compiled plans do not know (long double), is planned by the Python lines engine,
+which shares this engine's round numbers, so both kinds of plan run in one group.
 """
 
 from __future__ import annotations
@@ -136,8 +137,10 @@ class NativeLinesEngine:
 
     def plan(self, entry, call: Call, options: dict):
         """``call`` as a compiled plan of ``entry`` (``lines`` or ``chunked_lines``), or the Python
-        engine's where the kernels do not reduce its dtype and op."""
-        if call.collective in _REDUCES and not self.module.supported(code_of(call.dtype), int(call.op)):
+        engine's where the compiled plans do not know its dtype or the kernels do not reduce it with its op."""
+        code = code_of(call.dtype)
+        if self.module.itemsize(code) != call.dtype.itemsize or (
+                call.collective in _REDUCES and not self.module.supported(code, int(call.op))):
             return self.python.plan(entry, call, options)
         return NativePlan(self, call, entry.name == "chunked_lines")
 

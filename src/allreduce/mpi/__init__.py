@@ -22,6 +22,7 @@ from .errorcodes import *  # noqa: F401,F403 - the error classes
 from .errorcodes import NAMES as _ERROR_NAMES, Exception
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .handles import addressof as _addressof, handleof as _handleof, sizeof as _sizeof  # mpi4py's object model
+from .capi import CAPI as __pyx_capi__  # mpi4py's C API: PyMPI<Class>_New and _Get as PyCapsules
 from .info import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Info
 from .locks import comm_lock as _comm_lock, comm_lock_table as _comm_lock_table  # mpi4py.util.pkl5's
 from .messages import MESSAGE_NO_PROC, MESSAGE_NULL, Message

@@ -252,7 +252,8 @@ class BufferCollectives:
 
     def Ialltoallw(self, sendbuf, recvbuf) -> Request:
         """Like ``Alltoallv`` with a datatype per block: ``[data, (counts, displs), types]``, displacements
-        in bytes, as MPI's ``Alltoallw`` takes them."""
+        in bytes, as MPI's ``Alltoallw`` takes them (``[data, types]``: one element of each type per rank,
+        all at the start of ``data``)."""
         g = self.process_group()
 
         def prepare():
@@ -275,12 +276,29 @@ class BufferCollectives:
 
 
 def _typed_blocks(spec, size: int, what: str, writable: bool) -> list[np.ndarray]:
-    """The blocks of an ``Alltoallw`` argument ``[data, (counts, displs), types]`` or
-    ``[data, counts, displs, types]`` (displacements in bytes)."""
-    if len(spec) == 3:
+    """The blocks of an ``Alltoallw`` argument, in mpi4py's forms: ``[data, counts, displs, types]``,
+    ``[data, (counts, displs), types]`` (displacements in bytes), or ``[data, types]`` and counts and
+    displs both ``None``: then every block is one element of its type at the start of ``data`` (each
+    rank's block over the same bytes, as in MPI with counts of one and displacements of zero).
+
+    Raises:
+        ValueError: another number of items, only one of counts and displs, ``BOTTOM`` without both.
+    """
+    if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
+        raise ValueError(f"{what}: an Alltoallw buffer is [data, counts, displs, types], [data, (counts, displs), "
+                         "types] or [data, types]")
+    if len(spec) == 2:
+        (data, types), counts, displs = spec, None, None
+    elif len(spec) == 3:
         data, (counts, displs), types = spec
     else:
         data, counts, displs, types = spec
+    if data is BOTTOM and (counts is None or displs is None):
+        raise ValueError(f"{what}: MPI.BOTTOM needs counts and displs (absolute addresses)")
+    if counts is None and displs is None:
+        counts, displs = [1] * size, [0] * size
+    elif counts is None or displs is None:
+        raise ValueError(f"{what}: give both counts and displs, or neither")
     if not isinstance(types, (list, tuple)):
         types = [types] * size
     if not len(counts) == len(displs) == len(types) == size:

@@ -2,9 +2,9 @@
 (:mod:`.constructors`, laid out by :mod:`.derived`), and the queries mpi4py offers on them (sizes,
 extents, envelopes and contents, typecodes).
 
-``LONG_DOUBLE`` and its complex are ``DATATYPE_NULL``, as in mpi4py on an MPI without them: the
-collectives carry no such dtype. The MINLOC/MAXLOC pair types (``FLOAT_INT``...) are named types laid
-out as C's ``struct {value; int}`` (``LONG_DOUBLE_INT``, whose value is a long double, is null).
+``LONG_DOUBLE`` and its complexes are numpy's ``longdouble`` and ``clongdouble`` (C's ``long double``,
+typecodes ``"g"`` and ``"G"``). The MINLOC/MAXLOC pair types (``FLOAT_INT``... ``LONG_DOUBLE_INT``) are
+named types laid out as C's ``struct {value; int}``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from .constructors import (  # noqa: F401 - MPI's combiner names are module attr
 )
 from . import derived
 from .derived import Layout
+from .environment import VERSION as _VERSION
 from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
 from .handles import Handle, constant
 
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
+_INT_MAX = 2**31 - 1  # the most elements a count of MPI 3 (a C int) holds
 
 
 @dataclass(eq=False)
@@ -64,7 +66,21 @@ class Datatype(Handle, Constructors):
                    (list(integers), list(addresses), list(datatypes), dict(params)))
 
     def _repeated(self, count: int) -> "Datatype":
-        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing)."""
+        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing).
+
+        Past ``INT_MAX`` elements on an MPI before 4.0 (``Get_version``), whose counts are C ints, the type
+        is what such an MPI makes and ``decode`` shows: a struct of a vector of ``INT_MAX``-element blocks
+        and a contiguous rest. Either way its elements lie back to back and nothing is laid out.
+        """
+        if count > _INT_MAX and _VERSION < 4:
+            blocks, rest = divmod(count, _INT_MAX)
+            vector = Datatype(self._basic(), "", self.count * blocks * _INT_MAX, COMBINER_VECTOR, None,
+                              ([blocks, _INT_MAX, _INT_MAX], [], [self],
+                               {"count": blocks, "blocklength": _INT_MAX, "stride": _INT_MAX}))
+            parts, displacements = [vector, self._repeated(rest)], [0, blocks * _INT_MAX * self.extent]
+            return Datatype(self._basic(), "", self.count * count, COMBINER_STRUCT, None,
+                            ([2, 1, 1], displacements, parts,
+                             {"blocklengths": [1, 1], "displacements": displacements, "datatypes": parts}))
         return Datatype(self._basic(), "", self.count * count, COMBINER_CONTIGUOUS, None,
                         ([count], [], [self], {"count": count}))
 
@@ -188,8 +204,7 @@ class Datatype(Handle, Constructors):
 
     @classmethod
     def fromcode(cls, code: str) -> "Datatype":
-        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them
-        (``DATATYPE_NULL`` for the long doubles numpy cannot carry here).
+        """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
 
         Raises:
             ValueError: a typecode no datatype here stands for.
@@ -197,7 +212,7 @@ class Datatype(Handle, Constructors):
         found = _BY_CODE.get(code)
         if found is None:
             raise ValueError(f"cannot map typecode {code!r} to an MPI datatype")
-        return found  # DATATYPE_NULL for "g" and "G", as on an MPI without long double
+        return found
 
     def tocode(self) -> str:
         """The typecode of a predefined datatype (``MPI.DOUBLE.tocode() == "d"``).
@@ -367,8 +382,10 @@ INTEGER1, INTEGER2, INTEGER4, INTEGER8 = (_predefined(f"INTEGER{n}", f"i{n}") fo
 REAL2, REAL4, REAL8 = (_predefined(f"REAL{n}", f"f{n}") for n in (2, 4, 8))
 COMPLEX8, COMPLEX16 = (_predefined(f"COMPLEX{n}", f"c{n}") for n in (8, 16))
 BFLOAT16_T = _predefined("BFLOAT16_T", bfloat16)
+LONG_DOUBLE = _predefined("LONG_DOUBLE", np.longdouble)
+C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = _predefined("C_LONG_DOUBLE_COMPLEX", np.clongdouble)
+CXX_LONG_DOUBLE_COMPLEX = _predefined("CXX_LONG_DOUBLE_COMPLEX", np.clongdouble)
 # the collectives carry none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
-LONG_DOUBLE = C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = CXX_LONG_DOUBLE_COMPLEX = DATATYPE_NULL
 REAL16 = COMPLEX4 = COMPLEX32 = INTEGER16 = LOGICAL16 = DATATYPE_NULL
 UB = LB = DATATYPE_NULL
 
@@ -398,11 +415,11 @@ INT_INT = TWOINT = _pair("2INT", INT)
 LONG_INT = _pair("LONG_INT", LONG)
 FLOAT_INT = _pair("FLOAT_INT", FLOAT)
 DOUBLE_INT = _pair("DOUBLE_INT", DOUBLE)
-LONG_DOUBLE_INT = DATATYPE_NULL
+LONG_DOUBLE_INT = _pair("LONG_DOUBLE_INT", LONG_DOUBLE)
 
-_BY_DTYPE: dict[np.dtype, Datatype] = {}
+_BY_DTYPE: dict[np.dtype, Datatype] = {}  # the datatype a bare array of each dtype stands for
 for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNSIGNED_LONG, FLOAT, DOUBLE,
-              C_BOOL, C_FLOAT_COMPLEX, C_DOUBLE_COMPLEX):  # the one a bare array of each dtype stands for
+              C_BOOL, C_FLOAT_COMPLEX, C_DOUBLE_COMPLEX, LONG_DOUBLE, C_LONG_DOUBLE_COMPLEX):
     _BY_DTYPE.setdefault(_type.dtype, _type)
 
 
@@ -415,6 +432,8 @@ _BY_CODE = {
     "u8": UINT64_T, "f2": FLOAT16_T, "f4": FLOAT32_T, "f8": FLOAT64_T, "c8": C_FLOAT_COMPLEX,
     "c16": C_DOUBLE_COMPLEX, "b1": C_BOOL,
 }
+_BY_CODE.setdefault(f"f{LONG_DOUBLE.size}", LONG_DOUBLE)  # "f16" where long double is not double
+_BY_CODE.setdefault(f"c{C_LONG_DOUBLE_COMPLEX.size}", C_LONG_DOUBLE_COMPLEX)
 
 
 _MATCHING = {

@@ -101,10 +101,18 @@ def region(obj) -> Region:
     itemsize = (tensor.dtype.bits * tensor.dtype.lanes) // 8
     strides = tuple(tensor.strides[i] * itemsize for i in range(tensor.ndim)) if tensor.strides else None
     check_contiguous(shape, strides, itemsize, "DLPack tensor")
-    dtype = dtype_of(_KINDS.get(tensor.dtype.code, "") if tensor.dtype.lanes == 1 else "", itemsize)
+    dtype = dtype_of(_kind(tensor.dtype), itemsize)
     count = int(np.prod(shape, dtype=np.int64))
     return Region(address=(tensor.data or 0) + tensor.byte_offset, nbytes=count * itemsize, dtype=dtype,
                   readonly=readonly, device=tensor.device.device_type, owner=(obj, capsule))
+
+
+def _kind(dtype: _DataType) -> str:
+    """The numpy kind of a DLPack element: its code's, or complex for two lanes of floats (how a
+    complex without a DLPack code of its width, long double's, is described); else none (bytes)."""
+    if dtype.lanes == 1:
+        return _KINDS.get(dtype.code, "")
+    return "c" if dtype.lanes == 2 and _KINDS.get(dtype.code) == "f" else ""
 
 
 def _integer(value, what: str) -> int:

@@ -16,7 +16,10 @@ and how one handle becomes null (``_release``).
 
 from __future__ import annotations
 
+import ctypes
 import weakref
+
+import numpy as np
 
 _CONSTANTS: list = []  # the module's predefined handles themselves (freeing them does nothing)
 _NAMED: "weakref.WeakValueDictionary[int, Handle]" = weakref.WeakValueDictionary()  # handle -> a live handle of it
@@ -101,21 +104,33 @@ def sizeof(arg) -> int:
     raise TypeError(f"expecting an MPI handle or its class, got {type(arg).__name__}")
 
 
+_CELLS: dict[int, ctypes.c_uint64] = {}  # id of a live handle -> the memory MPI._addressof gave for it
+
+
 def addressof(obj) -> int:
-    """mpi4py's ``MPI._addressof``: where the handle (or status) lives (never 0).
+    """mpi4py's ``MPI._addressof``: where the handle (or status) lives, memory that C code reads as an
+    MPI handle (``MPI.__pyx_capi__``): a cell holding the handle's number, the object's own for as long
+    as it lives (its number written again at each call); a Status's fields.
 
     Raises:
         TypeError: not a handle or a Status.
     """
     sizeof(type(obj))
-    return id(obj)
+    if not isinstance(obj, Handle):
+        return np.frombuffer(obj.tomemory(), np.uint8).ctypes.data
+    cell = _CELLS.get(id(obj))
+    if cell is None:
+        cell = _CELLS[id(obj)] = ctypes.c_uint64()
+        weakref.finalize(obj, _CELLS.pop, id(obj), None)
+    cell.value = obj.handle
+    return ctypes.addressof(cell)
 
 
 def handleof(obj) -> int:
-    """mpi4py's ``MPI._handleof``: the handle's number (a Status's address).
+    """mpi4py's ``MPI._handleof``: the handle's number (a Status's address, as MPI passes a status).
 
     Raises:
         TypeError: not a handle or a Status.
     """
     sizeof(type(obj))
-    return obj.handle if isinstance(obj, Handle) else id(obj)
+    return obj.handle if isinstance(obj, Handle) else addressof(obj)

@@ -149,7 +149,7 @@ def _memory_of(obj) -> tuple[np.ndarray, object, int, int]:
     """``(bytes, owner, address, device)`` of anything a buffer may view."""
     if isinstance(obj, buffer):
         return obj._bytes, obj.obj, obj._address, obj._device
-    if hasattr(obj, "__dlpack__"):
+    if hasattr(obj, "__dlpack__") and not _long_doubles(obj):
         region = dlpack.region(obj)
     elif hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__array_interface__"):
         region = cudaiface.region(obj)
@@ -163,6 +163,12 @@ def _memory_of(obj) -> tuple[np.ndarray, object, int, int]:
     if region.readonly:
         data.flags.writeable = False
     return data, obj, region.address, region.device
+
+
+def _long_doubles(obj) -> bool:
+    """Whether ``obj`` is a numpy array of long doubles, which numpy exports through its buffer protocol
+    alone (DLPack has no such type)."""
+    return isinstance(obj, np.ndarray) and obj.dtype.type in (np.longdouble, np.clongdouble)
 
 
 def _index(item, size: int) -> int:

@@ -54,7 +54,7 @@ def dtype_of(kind: str, itemsize: int) -> np.dtype:
     """The native numpy dtype of a kind (``i u f c b``) and size; bytes (uint8) for any other."""
     if kind == "b" and itemsize == 1:
         return np.dtype(np.bool_)
-    if kind and kind in "iufc" and itemsize in (1, 2, 4, 8, 16):
+    if kind and kind in "iufc" and itemsize in (1, 2, 4, 8, 16, 32):  # f16, c32: long double and its complex
         try:
             return np.dtype(f"{kind}{itemsize}")
         except TypeError:

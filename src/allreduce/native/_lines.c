@@ -992,8 +992,17 @@ static PyObject *supported(PyObject *self, PyObject *args)
     return PyBool_FromLong(ar_supported(dtype, op));
 }
 
+static PyObject *itemsize(PyObject *self, PyObject *args)
+{
+    int dtype;
+    if (!PyArg_ParseTuple(args, "i", &dtype))
+        return NULL;
+    return PyLong_FromSize_t(ar_itemsize(dtype));
+}
+
 static PyMethodDef functions[] = {
     {"supported", supported, METH_VARARGS, "supported(dtype, op) -> bool: whether a plan can reduce this pair."},
+    {"itemsize", itemsize, METH_VARARGS, "itemsize(dtype) -> int: an item's bytes as plans count them, 0: no plan."},
     {NULL},
 };
 
