@@ -8,28 +8,39 @@ the socket), and the background thread slept on in a poll of the old ones, with 
 
 from __future__ import annotations
 
+import errno
 import os
+
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 class Bell:
     """An eventfd that is readable once rung, until :meth:`hush`; used under the engine's lock."""
 
     def __init__(self):
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            self.fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError as exc:  # out of descriptors: a bell that never rings, so that the poll it serves
+            if exc.errno not in _OUT_OF_DESCRIPTORS:  # (at most POLL_CAP_S long) still reaches the links,
+                raise  # whose own accept or dial then fails with the error that names the resource
+            self.fd = None
         self.rung = False  # the eventfd is readable: its poller's next poll returns at once
 
     def ring(self) -> None:
-        if not self.rung:
+        if self.fd is not None and not self.rung:
             self.rung = True
             os.eventfd_write(self.fd, 1)
 
     def hush(self) -> None:
         """Its poller woke: readable no more."""
         self.rung = False
+        if self.fd is None:
+            return
         try:
             os.eventfd_read(self.fd)
         except BlockingIOError:  # not rung since the last hush
             pass
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)

@@ -206,7 +206,7 @@ class Progress:
 
     def _watched(self, bell: Bell) -> dict[int, tuple[Link | None, int]]:
         """What the poller of ``bell`` polls now: fd -> (link or ``None``, events)."""
-        watched: dict[int, tuple[Link | None, int]] = {bell.fd: (None, select.POLLIN)}
+        watched: dict[int, tuple[Link | None, int]] = {} if bell.fd is None else {bell.fd: (None, select.POLLIN)}
         if self._failure is None:  # once failed, the listener is shut (see _abort_all): nothing to accept
             watched[self._listener.fileno()] = (None, select.POLLIN)
         for link in self._links():
