@@ -7,6 +7,7 @@ argument into the :class:`ProcessGroup` that the calls (:mod:`.calls`) and the l
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable
 from typing import Union
@@ -79,7 +80,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
     seconds = timeout_seconds(timeout)
-    settings, shm_options = _environment()
+    settings, shm_options, lobby_at = _environment()
     if store is None:
         joining = rendezvous.Joining(rendezvous.from_environment(), Security.of(settings))
         store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
@@ -95,7 +96,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise
     _State.world = world
     _State.settings, _State.shm_options, _State.new_groups = settings, shm_options, 0
-    _State.lobby_at = rendezvous.lobby_address()
+    _State.lobby_at = lobby_at
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -410,12 +411,13 @@ def joiners_waiting() -> int:
     return 0 if _State.lobby is None else growth.waiting(world, _State.lobby)
 
 
-def _environment() -> tuple[Settings, ShmOptions]:
-    """The job's settings, read from the environment once at a process's entry (init or join), and the
-    logging they ask for."""
-    settings, shm_options = Settings.from_env(), ShmOptions.from_env()
+def _environment() -> tuple[Settings, ShmOptions, str | None]:
+    """The job's settings and its lobby's address (``None``: it cannot grow), read from the environment
+    once at a process's entry (init or join), and the logging they ask for."""
+    env = os.environ
+    settings, shm_options = Settings.from_env(env), ShmOptions.from_env(env)
     logs.configure(settings.debug)
-    return settings, shm_options
+    return settings, shm_options, rendezvous.lobby_address(env)
 
 
 def join_group(timeout: Timeout = None) -> ProcessGroup:
@@ -430,19 +432,18 @@ def join_group(timeout: Timeout = None) -> ProcessGroup:
     """
     if _State.world is not None:
         raise RuntimeError("join_group: this process is in a group already; it is for replacement processes")
-    settings, shm_options = _environment()
+    settings, shm_options, lobby_at = _environment()
     _State.settings, _State.shm_options = settings, shm_options
-    where = rendezvous.lobby_address()
-    grown, lifelines = growth.join(where, settings, shm_options, timeout_seconds(timeout))
+    grown, lifelines = growth.join(lobby_at, settings, shm_options, timeout_seconds(timeout))
     _adopt(grown, lifelines)
-    _State.lobby_at, _State.lobby = where, growth.lobby(where, settings, grown.timeout)
+    _State.lobby_at, _State.lobby = lobby_at, growth.lobby(lobby_at, settings, grown.timeout)
     return grown
 
 
 def is_replacement() -> bool:
     """Whether ``allreduce run --max-np`` started this process to take a dead worker's place: it calls
     :func:`join_group` rather than :func:`init_process_group`."""
-    return rendezvous.is_replacement()
+    return rendezvous.is_replacement(os.environ)  # asked before init: this is the entry
 
 
 def _adopt(world: ProcessGroup, lifelines: Survival) -> None:

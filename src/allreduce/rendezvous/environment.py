@@ -99,12 +99,12 @@ def from_environment(env: Mapping[str, str] = os.environ) -> LaunchInfo:
                       DEFAULT_MASTER_PORT if master_port is None else master_port, source, agent_store, restart)
 
 
-def lobby_address(env: Mapping[str, str] = os.environ) -> str | None:
+def lobby_address(env: Mapping[str, str]) -> str | None:
     """``host:port`` of the job's lobby, where replacement workers wait to join (``None``: it cannot grow)."""
     return env.get(LOBBY) or None
 
 
-def is_replacement(env: Mapping[str, str] = os.environ) -> bool:
+def is_replacement(env: Mapping[str, str]) -> bool:
     """Whether the launcher started this process to take a dead worker's place."""
     return env.get(REPLACEMENT) == "1"
 
