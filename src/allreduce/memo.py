@@ -1,11 +1,12 @@
-"""A bounded memo for per-shape facts worked out once (algorithm choices, planned calls)."""
+"""A bounded memo for per-shape facts worked out once (a group's planned calls)."""
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
-class Memo(dict):
+class Memo(dict[Hashable, Any]):
     """A dict that forgets everything once it holds ``limit`` entries.
 
     Call shapes repeat, so a hit is the common case and must cost one dict lookup; a program that

@@ -129,9 +129,9 @@ def test_the_mode_follows_the_api_over_the_environment(monkeypatch):
     monkeypatch.setattr(determinism, "_chosen", None)
     on, off = Settings(deterministic="1"), Settings()
     assert determinism.enabled(on) and not determinism.enabled(off)
-    assert determinism.required(on, ReduceOp.SUM, np.dtype(np.float32))
-    assert not determinism.required(on, ReduceOp.MAX, np.dtype(np.float32))
-    assert not determinism.required(on, ReduceOp.SUM, np.dtype(np.int64))  # integer sums: any order
+    assert determinism.order_matters(ReduceOp.SUM, np.dtype(np.float32))
+    assert not determinism.order_matters(ReduceOp.MAX, np.dtype(np.float32))
+    assert not determinism.order_matters(ReduceOp.SUM, np.dtype(np.int64))  # integer sums: any order
     determinism.use_deterministic_algorithms(False)
     assert not determinism.enabled(on)
     determinism.use_deterministic_algorithms(True)

@@ -14,7 +14,8 @@ transport has them (``lines``, a :class:`LineLimits`) and the choice is auto: a 
 at most ``at_once`` bytes per rank takes them in one round, a larger all-reduce or reduce of at most
 ``chunked_max`` bytes in chunks; their entries reduce in rank order, so deterministic mode keeps the
 rule. Without ``lines`` auto never picks them (a named one still runs, on the executor).
-``allreduce plan`` prints the predictions behind a choice.
+``allreduce plan`` prints the predictions behind a choice. A group plans each call shape whole (its
+algorithm by these rules, its options and digest, the engine that runs it) with :mod:`.plans`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def enabled(settings: Settings) -> bool:
     return settings.deterministic == "1"
 
 
-def required(settings: Settings, op: ReduceOp, dtype: np.dtype) -> bool:
-    """Whether a reduction with ``op`` on ``dtype`` must run in rank order now (the mode is on and the
-    order would change its bits)."""
-    return enabled(settings) and op in ORDER_SENSITIVE and not (np.issubdtype(dtype, np.integer) or dtype == np.bool_)
+def order_matters(op: ReduceOp, dtype: np.dtype) -> bool:
+    """Whether the order of a reduction with ``op`` on ``dtype`` changes its bits (so that deterministic
+    mode must run it in rank order)."""
+    return op in ORDER_SENSITIVE and not (np.issubdtype(dtype, np.integer) or dtype == np.bool_)

@@ -116,7 +116,7 @@ class ProcessGroup:
         lines = transport.lines if not self.settings.timeline else None
         on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
         schedules, self.schedules_engine = schedule_engine(transport, self.settings)  # likewise for the schedules
-        self._choice = Choice(size, name, self.topology, intra, self.settings, schedules,
+        self._choice = Choice(name, self.topology, intra, self.settings, schedules,
                               on_lines,
                               LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
         self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
