@@ -60,8 +60,10 @@ class Choice:
     def __init__(self, name: str, topology: Topology, intra: str, settings: Settings, schedules: Engine,
                  lines: Engine | None, limits: LineLimits | None, world_rank: int):
         self.name, self.settings, self.world_rank = name, settings, world_rank
-        self.site = plans.Site(topology, intra, settings, limits if lines is not None else None)
-        self._engines = {"schedules": schedules} if lines is None else {"schedules": schedules, "lines": lines}
+        self._site = plans.Site(topology, intra, settings, limits if lines is not None else None)
+        self._engines: dict[plans.EngineKind, Engine] = {"schedules": schedules}  # and "lines" where it has them
+        if lines is not None:
+            self._engines["lines"] = lines
         self._planned: Memo = Memo()  # (collective, algorithm, count, dtype, op, root, deterministic) -> Planned
 
     def planned(self, collective: str, algorithm: str | None, count: int, dtype: np.dtype, op: ReduceOp,
@@ -69,18 +71,18 @@ class Choice:
         """The planned call of this shape, made on its first call (the planner reads the cost profile,
         too slow to repeat per call)."""
         key = (collective, algorithm, count, dtype, op, root, determinism.enabled(self.settings))
-        planned = self._planned.get(key)
+        planned: Planned | None = self._planned.get(key)
         if planned is None:
             planned = self._planned.remember(key, self._plan(*key))
         return planned
 
     def _plan(self, collective: str, algorithm: str | None, count: int, dtype: np.dtype, op: ReduceOp,
               root: int, deterministic: bool) -> Planned:
-        shape = plans.plan(self.site, collective, algorithm, count, dtype, op, deterministic)
+        chosen = plans.plan(self._site, collective, algorithm, count, dtype, op, deterministic)
         _log.info("group %s: %s of %d bytes (%s) runs %s", self.name, collective, count * dtype.itemsize, dtype,
-                  shape.algorithm)
-        call = Call(collective, shape.algorithm, dtype, op, count, root, shape.digest)
-        planned = self._engines[shape.engine].plan(shape.entry, call, dict(shape.options))
+                  chosen.algorithm)
+        call = Call(collective, chosen.algorithm, dtype, op, count, root, chosen.digest)
+        planned = self._engines[chosen.engine].plan(chosen.entry, call, dict(chosen.options))
         if logs.DETAIL:  # ALLREDUCE_DEBUG=DETAIL: log every run (when off, this costs nothing per call)
             planned = logs.TimedPlanned(planned, self.world_rank)
         return planned
@@ -88,7 +90,7 @@ class Choice:
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
         """The algorithm a call of ``nbytes`` runs (:func:`..planner.plans.algorithm_for`)."""
-        return plans.algorithm_for(self.site, collective, algorithm, nbytes, dtype, in_rank_order)
+        return plans.algorithm_for(self._site, collective, algorithm, nbytes, dtype, in_rank_order)
 
     def close(self) -> None:
         """Forget every planned call (they hold views of the transport)."""
