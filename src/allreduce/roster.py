@@ -8,7 +8,6 @@ them, and the calls (:mod:`.calls`) and the layers above find their group by :fu
 from __future__ import annotations
 
 import os
-from typing import Union
 
 from . import logs, rendezvous
 from .runtime import ProcessGroup
@@ -26,7 +25,7 @@ class NonMember:
         return f"<allreduce group {self.ranks}: this rank is not a member>"
 
 
-Group = Union[ProcessGroup, NonMember, None]  # None: the default group
+Group = ProcessGroup | NonMember | None  # None: the default group
 
 
 class Roster:

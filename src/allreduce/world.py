@@ -214,7 +214,8 @@ def split_group(parent_pg: Group = None, split_ranks: Iterable[Iterable[int]] | 
     splits = [[int(r) for r in ranks] for ranks in ([range(parent.size)] if split_ranks is None else split_ranks)]
     listed = [r for ranks in splits for r in ranks]
     if not all(splits) or len(set(listed)) != len(listed) or not all(0 <= r < parent.size for r in listed):
-        raise ValueError(f"split_ranks must be disjoint, non-empty lists of ranks in 0..{parent.size - 1}, got {split_ranks}")
+        raise ValueError(f"split_ranks must be disjoint, non-empty lists of ranks in 0..{parent.size - 1}, "
+                         f"got {split_ranks}")
     _SPLITS[parent] = count = _SPLITS.get(parent, 0) + 1  # the same on every rank of the parent
     mine = next((i for i, ranks in enumerate(splits) if parent.rank in ranks), None)
     if mine is None:

@@ -40,7 +40,7 @@ class Survival:
         line.handlers.append(self._on_message)
         line.start()
 
-    def enroll(self, group, ids: list[int]) -> "Membership":
+    def enroll(self, group, ids: list[int]) -> Membership:
         """Give ``group`` (whose rank ``r`` is the process of id ``ids[r]``) its :class:`Membership`."""
         group.membership = Membership(self, group, ids)
         self._groups[group.name] = group
