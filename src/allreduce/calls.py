@@ -27,9 +27,9 @@ from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish, finish_reduction
 from .p2p import P2PWork
 from .planner import determinism
+from .roster import Group, resolve_group
 from .runtime import ProcessGroup, Request
 from .work import Work
-from .world import Group, resolve_group
 
 
 _P = ParamSpec("_P")

@@ -17,8 +17,8 @@ import numpy as np
 from . import security, uneven
 from .arguments import check_rank, one_per_rank
 from .errors import Untrusted
+from .roster import Group, resolve_group
 from .runtime import ProcessGroup
-from .world import Group, resolve_group
 
 HOW_TO_TRUST = ("set the same ALLREDUCE_SECRET on every rank: `allreduce run` sets one; before torchrun, mpirun "
                 "or srun, export ALLREDUCE_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')")

@@ -62,18 +62,18 @@ def _trial(phase: str, size: int, seed: int):
     kill_step, port = rng.randint(2, 12), free_port()
 
     def body(rank, world):
-        from allreduce import survival
+        from allreduce.resilience import shrink
 
         mine = random.Random(seed * 100 + rank)
         if phase == "forming" and rank == first:
             _kill_later(mine.uniform(0, 0.3))
         if phase == "shrink" and rank == second:  # dies while a shrunk group forms, or just after
-            real = survival.form_group
+            real = shrink.form_group
 
             def dying(*args, **kwargs):
                 _kill_later(mine.uniform(0, 0.03))
                 return real(*args, **kwargs)
-            survival.form_group = dying
+            shrink.form_group = dying
         try:
             dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                     timeout=5 if phase == "forming" else 600)

@@ -146,17 +146,17 @@ def test_two_hosts_shrink_across_shared_memory_and_tcp(victim):
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.02])
 def test_a_member_dying_while_the_shrunk_group_forms_is_left_out_too(transport, delay):
     def body(rank, size):
-        from allreduce import survival
+        from allreduce.resilience import shrink
 
         if rank == 3:
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == 2:  # agrees, then dies while the group of 0, 1, 2 forms (or just after)
-            real = survival.form_group
+            real = shrink.form_group
 
             def dying(store, *args, **kwargs):
                 threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 return real(store, *args, **kwargs)
-            survival.form_group = dying
+            shrink.form_group = dying
         _wait_failed([3])
         start = time.monotonic()
         while True:  # the loop a user writes: shrink until a step succeeds
@@ -178,11 +178,11 @@ def test_the_new_store_host_dying_before_the_others_reach_it_costs_no_wait_for_i
     # right after it decided. The others, reaching a store whose host they know dead, try again at once
     # (with a reach allowance of 60 s here, a wait for it would show).
     def body(rank, size):
-        from allreduce import survival
+        from allreduce.resilience import shrink
 
-        survival.REACH_S = 60.0
+        shrink.REACH_S = 60.0
         if rank == 1:
-            survival._reach = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+            shrink._reach = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
         dist.all_reduce(np.ones(4))
         if rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)

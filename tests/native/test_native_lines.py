@@ -62,9 +62,9 @@ def test_ranks_on_either_engine_share_a_group(size):
 
 
 def _engine_of(rank: int, size: int) -> str:
-    from allreduce import world
+    from allreduce import roster
 
-    group = world.default_group()
+    group = roster.default_group()
     return group.algorithm_of("all_reduce", 4, np.float32), group.engine
 
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from allreduce.runtime.agreement import Agreements
-from allreduce.runtime.lifeline import Decoder, Lifeline, encode
+from allreduce.resilience.agreement import Agreements
+from allreduce.resilience.lifeline import Decoder, Lifeline, encode
 
 ALL = (1 << 16) - 1
 

@@ -1,5 +1,5 @@
 """The lobby of a job that may grow (``allreduce run --max-np``): a store in the launcher, which outlives
-every worker, where replacement workers wait until the others let them in (:mod:`allreduce.growth`)."""
+every worker, where replacement workers wait until the others let them in (:mod:`allreduce.resilience.grow`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Any communication error breaks a group for good, as in NCCL: every later call raises
 :class:`GroupBroken` naming the first failure (:class:`Revoked` if a member revoked it). On a broken
 group a survivor may still learn who failed, agree and shrink (over the lifelines, see
-:mod:`.membership`), and destroy it. Destroying a group lets queued work finish (a failure
+:mod:`allreduce.resilience.membership`), and destroy it. Destroying a group lets queued work finish (a failure
 met meanwhile is still recorded, so the calls queued behind it fail too), stops its threads, then
 closes its links; after that every call raises. The transitions below are the only ones there are;
 the group's lock guards them.

@@ -1,12 +1,11 @@
-"""Going on without the dead: the lifelines of a job, and shrinking a group to its survivors.
+"""Going on without the dead: shrinking a group to its survivors.
 
-:func:`start` joins every process of the job by its lifeline (:mod:`.runtime.lifeline`) when the
-default group forms, while the store is certainly up; from then on the survivors of any death can
-agree (:mod:`.runtime.agreement`) without the store. :func:`shrink` forms the group of the survivors:
-one agreement settles which ranks go and where the new group's store is, then the survivors form it
-as any group forms. The store stays where it was if its coordinator can still reach it; else (its host
-died: rank 0 under ``env://`` and ``allreduce run``) the coordinator hosts a fresh one, and the
-decision carries its address.
+The lifelines that :func:`.membership.open_lifelines` opened with the default group outlive the store, so the
+survivors of any death can agree (:mod:`.agreement`) without it. :func:`shrink` forms the group of the
+survivors: one agreement settles which ranks go and where the new group's store is, then the survivors
+form it as any group forms. The store stays where it was if its coordinator can still reach it; else
+(its host died: rank 0 under ``env://`` and ``allreduce run``) the coordinator hosts a fresh one, and
+the decision carries its address.
 """
 
 from __future__ import annotations
@@ -15,33 +14,21 @@ import dataclasses
 import math
 import time
 
-from . import rendezvous
-from .bootstrap import bind_host, form_group
-from .errors import AllreduceError, PeerLost, RendezvousError, with_peer
-from .rendezvous import Store
-from .rendezvous.store import View
-from .rendezvous import storewire as wire
-from .runtime import ProcessGroup
-from .runtime.lifeline import Lifeline
-from .runtime.membership import Survival
-from .security import Security
-from .settings import Settings
-from .transport.shm import ShmOptions
+from .. import rendezvous
+from ..bootstrap import bind_host, form_group
+from ..errors import AllreduceError, PeerLost, RendezvousError, with_peer
+from ..rendezvous import Store
+from ..rendezvous.store import View
+from ..rendezvous import storewire as wire
+from ..runtime import ProcessGroup
+from ..security import Security
+from ..settings import Settings
+from ..transport.shm import ShmOptions
+from .lifeline import Lifeline
 
 PROBE_S = 1.0  # seconds the coordinator of a shrink gives the old store to answer before hosting a new one
 REACH_S = 5.0  # seconds a survivor gives the new store of a shrink to answer (its host may have died since)
 WATCH_MS = 200  # a shrunk group's store waits look at the members' lifelines this often (Watched)
-
-
-def start(world: ProcessGroup, settings: Settings) -> Survival:
-    """Join the processes of the freshly formed default group ``world`` by their lifelines, ids being
-    their world ranks, and give it its membership."""
-    security = Security.of(settings).among(len(world.topology.hosts))
-    line = Lifeline.connect(world.store, world.rank, world.size, bind_host(world.store, settings), security,
-                            world.timeout)
-    survival = Survival(line)
-    survival.enroll(world, list(range(world.size)))
-    return survival
 
 
 def shrink(group: ProcessGroup, exclude: list[int] | None, settings: Settings, shm_options: ShmOptions,

@@ -89,7 +89,7 @@ class Lifeline:
         self._thread.start()
 
     @classmethod
-    def connect(cls, store, me: int, size: int, host: str, security: Security, timeout: float) -> "Lifeline":
+    def connect(cls, store, me: int, size: int, host: str, security: Security, timeout: float) -> Lifeline:
         """Listen, publish the address under ``lifeline/<me>`` in ``store``, dial every higher id and take a
         connection from every lower one, by ``timeout`` seconds.
 

@@ -2,8 +2,9 @@
 
 A :class:`Membership` ties a group to its members' lifelines (:mod:`.lifeline`), by their ids; the
 process's :class:`Survival` holds the lifelines, the agreements (:mod:`.agreement`) and the groups a
-``revoke`` message names. None of it uses the group's transport or the store, which a death may have
-taken with it.
+``revoke`` message names. :func:`open_lifelines` opens the lifelines when the default group forms,
+while the store is certainly up; none of the rest uses the group's transport or the store, which a
+death may have taken with it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..bootstrap import bind_host
 from ..errors import Revoked
+from ..runtime import ProcessGroup
+from ..security import Security
+from ..settings import Settings
 from .agreement import Agreements, Decision
 from .lifeline import Lifeline
 
@@ -35,7 +40,7 @@ class Survival:
         line.handlers.append(self._on_message)
         line.start()
 
-    def enroll(self, group, ids: list[int]) -> "Membership":
+    def enroll(self, group, ids: list[int]) -> Membership:
         """Give ``group`` (whose rank ``r`` is the process of id ``ids[r]``) its :class:`Membership`."""
         group.membership = Membership(self, group, ids)
         self._groups[group.name] = group
@@ -94,3 +99,14 @@ class Membership:
             living = [i for i in line.alive(self.ids) if i != line.me]
         for i in living:
             line.send(i, {"t": "revoke", "g": self._name, "why": why})
+
+
+def open_lifelines(world: ProcessGroup, settings: Settings) -> Survival:
+    """Join the processes of the freshly formed default group ``world`` by their lifelines, ids being
+    their world ranks, and give it its membership."""
+    security = Security.of(settings).among(len(world.topology.hosts))
+    line = Lifeline.connect(world.store, world.rank, world.size, bind_host(world.store, settings), security,
+                            world.timeout)
+    survival = Survival(line)
+    survival.enroll(world, list(range(world.size)))
+    return survival

@@ -1,13 +1,14 @@
 """Growing a group: replacement processes join the survivors at a point the survivors agree on.
 
-A job that may grow has a *lobby*, a store that outlives every worker (``allreduce run --max-np``
-hosts it in the launcher and names it to its workers: :func:`.rendezvous.lobby_address`). A replacement registers there
-(:func:`join`: it takes the next joiner number) and waits. The members of the group, at a point of
-their loop they all reach (:func:`grow`), hold one agreement (:mod:`.runtime.agreement`) whose
-coordinator reads the lobby: the joiners registered since the last admission are admitted, numbered
-after the members, and told their rank and the new group's name through the lobby. Members and
-joiners then form the new group on a prefix of the lobby, which no death can take away, and join
-it by fresh lifelines (:func:`.survival.start`), so the grown group can shrink again.
+A job that may grow has a *lobby*, a store that outlives every worker (``allreduce run --max-np`` hosts
+it in the launcher and names it to its workers: :func:`allreduce.rendezvous.lobby_address`). A
+replacement registers there (:func:`join`: it takes the next joiner number) and waits. The members of
+the group, at a point of their loop they all reach (:func:`grow`), hold one agreement
+(:mod:`.agreement`) whose coordinator reads the lobby: the joiners registered since the last admission
+are admitted, numbered after the members, and told their rank and the new group's name through the
+lobby. Members and joiners then form the new group on a prefix of the lobby, which no death can take
+away, and join it by fresh lifelines (:func:`.membership.open_lifelines`), so the grown group can shrink
+again.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 
-from . import rendezvous, survival
-from .bootstrap import form_group
-from .runtime import ProcessGroup
-from .runtime.membership import Survival
-from .security import Security
-from .settings import Settings
-from .transport.shm import ShmOptions
+from .. import rendezvous
+from ..bootstrap import form_group
+from ..runtime import ProcessGroup
+from ..security import Security
+from ..settings import Settings
+from ..transport.shm import ShmOptions
+from .membership import Survival, open_lifelines
 
 
 def lobby(where: str | None, settings: Settings, timeout: float) -> rendezvous.TCPStore | None:
@@ -94,7 +95,7 @@ def _form(store: rendezvous.Store, name: str, rank: int, size: int, timeout: flo
           shm_options: ShmOptions) -> tuple[ProcessGroup, Survival]:
     grown = form_group(store, rank, size, timeout, name, list(range(size)), settings, shm_options)
     try:
-        return grown, survival.start(grown, settings)
+        return grown, open_lifelines(grown, settings)
     except BaseException:
         grown.close()
         raise
