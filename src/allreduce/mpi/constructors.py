@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import derived
+from .arrays import raw_bytes
 from .errorcodes import ERR_ARG, ERR_COUNT, ERR_TRUNCATE, ERR_UNSUPPORTED_DATAREP, error as _error
 
 COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
@@ -210,7 +211,6 @@ class Constructors:
         return self._unpack(inbuf, position, outbuf, big_endian=True)
 
     def _pack(self, inbuf, outbuf, position: int, big_endian) -> int:
-        from .bufferargs import raw_bytes
         layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
         count = _whole(source.size, layout)
         packed = layout.pack(source, count)
@@ -219,7 +219,6 @@ class Constructors:
         return _put(packed, target, int(position))
 
     def _unpack(self, inbuf, position: int, outbuf, big_endian) -> int:
-        from .bufferargs import raw_bytes
         layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
         count, position = _whole(target.size, layout), int(position)
         packed = source[position:position + count * layout.size]
