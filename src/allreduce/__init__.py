@@ -27,7 +27,7 @@ from .objects import all_gather_object, broadcast_object_list, gather_object, sc
 from .ops import ReduceOp
 from .topology import Topology
 from .transport.shmseg import empty
-from .version import __version__
+from .version import __version__ as __version__
 from .work import Work
 
 __all__ = [

@@ -16,7 +16,8 @@ from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, 
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .constants import BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType, BufferAutomaticType, InPlaceType
 from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
-from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
+from .datatypes import Datatype
+from .typecodes import typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
 from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
 from .errorcodes import *  # noqa: F401,F403 - the error classes

@@ -25,7 +25,8 @@ from ..dtypes import code_of
 from ..uneven import displacements
 from .arrays import array_of
 from .constants import BOTTOM
-from .datatypes import Datatype, datatype_of
+from .datatypes import Datatype
+from .typecodes import datatype_of
 
 
 class Scattered(np.ndarray):

@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from .. import api, uneven
+from .. import api, refusal, uneven
 from ..ops import ReduceOp
 from . import parsed
 from .bufferargs import written
@@ -37,28 +37,20 @@ REFUSALS = (ValueError, TypeError, BufferError, KeyError, IndexError, MPIExcepti
 def refusals(**collectives: str):
     """A class decorator: each method named (``method="Collective"``) that raises one of
     :data:`REFUSALS` before its collective was issued tells the group's peers that this rank refused
-    it (``ProcessGroup.refused``), then raises as before."""
+    it (:func:`~allreduce.refusal.refusing`), then raises as before."""
     def decorate(cls):
         for method, collective in collectives.items():
-            setattr(cls, method, _refusing(getattr(cls, method), collective))
+            setattr(cls, method, refusal.refusing(getattr(cls, method), collective, _group_of, REFUSALS))
         return cls
     return decorate
 
 
-def _refusing(method, collective: str):
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        try:
-            g = self.process_group()
-        except MPIException:  # no group (COMM_NULL): the method raises so, and nobody waits
-            return method(self, *args, **kwargs)
-        issued = g.issued
-        try:
-            return method(self, *args, **kwargs)
-        except REFUSALS as exc:
-            g.refused(collective, str(exc), issued)
-            raise
-    return call
+def _group_of(comm, *args, **kwargs):
+    """The group of the communicator a method is called on (``None`` for none)."""
+    try:
+        return comm.process_group()
+    except MPIException:  # no group (COMM_NULL): the method raises so, and nobody waits
+        return None
 
 
 def done() -> Request:
@@ -67,21 +59,15 @@ def done() -> Request:
 
 
 def agreed(g, what: str, prepare):
-    """``prepare()``'s value, once every rank of ``g`` has run its own ``prepare`` (its local checks of
-    its arguments) without error: one small all-reduce tells each rank whether any failed, so a bad
-    argument on one rank raises there and a ``ValueError`` naming it on the others, instead of
-    leaving them waiting in a collective that rank never enters."""
-    try:
-        value, error = prepare(), None
-    except (ValueError, TypeError) as exc:
-        value, error = None, exc
-    flag = np.array([-1 if error is None else g.rank], np.int64)
-    api.all_reduce(flag, ReduceOp.MAX, g)
-    if error is not None:
-        raise error
-    if flag[0] >= 0:
-        raise ValueError(f"{what}: rank {int(flag[0])} of this communicator refused its arguments; no data moved")
-    return value
+    """``prepare()``'s value once every rank of ``g`` checked its arguments (:func:`~allreduce.refusal.agreed`)."""
+    return refusal.agreed(what, prepare, g.rank, functools.partial(_highest, g))
+
+
+def _highest(g, vote: int) -> int:
+    """The highest of the votes of the ranks of ``g``: one small all-reduce."""
+    votes = np.array([vote], np.int64)
+    api.all_reduce(votes, ReduceOp.MAX, g)
+    return int(votes[0])
 
 
 @refusals(Ibcast="Bcast", Igather="Gather", Iscatter="Scatter", Iallgather="Allgather", Ialltoall="Alltoall")

@@ -111,18 +111,7 @@ class Reductions:
         g = self.process_group()
         m = parsed.reduce_scatter(sendbuf, recvbuf)
         send, recv = m.send, m.recv
-        if recvcounts is None:
-            own = np.array([recv.size if not in_place(sendbuf) else -1], np.int64)
-            everyone = np.empty(g.size, np.int64)
-            api.all_gather_into_tensor(everyone, own, g)
-            counts = [int(c) for c in everyone]
-            if min(counts) < 0:
-                raise ValueError("Reduce_scatter with MPI.IN_PLACE needs recvcounts (recvbuf holds the whole input)")
-        else:
-            counts = [int(c) for c in recvcounts]
-        if len(counts) != g.size or send.size != sum(counts):
-            raise ValueError(f"sendbuf has {send.size} elements; recvcounts {counts} need one count per rank "
-                             f"({g.size}) summing to it")
+        counts = _recvcounts(g, recvcounts, None if in_place(sendbuf) else recv.size, send.size)
         start = uneven.displacements(counts)[g.rank]
         if op.native is None:
             total = _folded(g, op, send, recvbuf)[-1]
@@ -172,6 +161,27 @@ class Reductions:
                 total = combine(_operand(op, total, 2), _operand(op, row, 2))
         np.copyto(recv, total, casting="unsafe")
         m.written()
+
+
+def _recvcounts(g, recvcounts, own: int | None, total: int) -> list[int]:
+    """A reduce-scatter's count per rank: ``recvcounts``, else every rank's ``own`` (its receive
+    buffer's size; ``None`` in place, where it holds the whole input), all-gathered.
+
+    Raises:
+        ValueError: counts that are not one per rank summing to ``total``, or in place without them.
+    """
+    if recvcounts is None:
+        everyone = np.empty(g.size, np.int64)
+        api.all_gather_into_tensor(everyone, np.array([-1 if own is None else own], np.int64), g)
+        counts = [int(c) for c in everyone]
+        if min(counts) < 0:
+            raise ValueError("Reduce_scatter with MPI.IN_PLACE needs recvcounts (recvbuf holds the whole input)")
+    else:
+        counts = [int(c) for c in recvcounts]
+    if len(counts) != g.size or total != sum(counts):
+        raise ValueError(f"sendbuf has {total} elements; recvcounts {counts} need one count per rank "
+                         f"({g.size}) summing to it")
+    return counts
 
 
 def _gathered(g, mine: np.ndarray) -> np.ndarray:

@@ -14,8 +14,6 @@ and end at the group's timeout like ``Wait``.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..p2p import wait_any
 from .errorcodes import ERR_REQUEST, error
 from .handles import Handle, constant
