@@ -23,7 +23,7 @@ from .constants import BOTTOM, IN_PLACE
 from .errorcodes import ERR_ROOT, error
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Message:
     """A collective's parsed buffers on this rank: ``send`` its input, ``recv`` where its result lands
     (``None``: nothing here), ``send_blocks``/``recv_blocks`` the input's (scatter, all-to-all) and the
