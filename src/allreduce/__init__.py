@@ -27,9 +27,8 @@ from .objects import all_gather_object, broadcast_object_list, gather_object, sc
 from .ops import ReduceOp
 from .topology import Topology
 from .transport.shmseg import empty
+from .version import __version__ as __version__
 from .work import Work
-
-__version__ = "0.1.0"
 
 __all__ = [
     "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "Revoked", "agree", "failed_ranks", "grow_group", "is_replacement", "join_group", "joiners_waiting", "shrink_group",

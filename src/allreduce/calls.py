@@ -14,7 +14,6 @@ Threads that need collectives at the same time use a group each.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, ParamSpec, TypeVar, cast
 
 import numpy as np
@@ -27,6 +26,7 @@ from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish, finish_reduction
 from .p2p import P2PWork
 from .planner import determinism
+from .refusal import refusing
 from .roster import Group, resolve_group
 from .runtime import ProcessGroup, Request
 from .work import Work
@@ -39,23 +39,13 @@ _R = TypeVar("_R")
 def _refusing(collective: str, group_at: int) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Decorate a collective whose ``group`` argument is positional argument ``group_at``: an argument it
     refuses (``TypeError``/``ValueError``, raised before the call is issued) is told to the group's
-    peers (:meth:`~allreduce.runtime.ProcessGroup.refused`), so one waiting in that call raises at once
-    instead of at its deadline."""
-    def decorate(function: Callable[_P, _R]) -> Callable[_P, _R]:
-        @functools.wraps(function)
-        def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            try:
-                g = resolve_group(args[group_at] if len(args) > group_at else kwargs.get("group"))  # type: ignore[arg-type]
-            except (RuntimeError, TypeError, ValueError):  # no group: the call raises so, and nobody waits
-                return function(*args, **kwargs)
-            issued = g.issued
-            try:
-                return function(*args, **kwargs)
-            except (TypeError, ValueError) as exc:
-                g.refused(collective, str(exc), issued)
-                raise
-        return call
-    return decorate
+    peers (:func:`~allreduce.refusal.refusing`)."""
+    def group_of(*args: object, **kwargs: object) -> ProcessGroup | None:
+        try:
+            return resolve_group(args[group_at] if len(args) > group_at else kwargs.get("group"))  # type: ignore[arg-type]
+        except (RuntimeError, TypeError, ValueError):  # no group: the call raises so, and nobody waits
+            return None
+    return lambda function: refusing(function, collective, group_of, (TypeError, ValueError))
 
 
 def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async_op: bool = False,

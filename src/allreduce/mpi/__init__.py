@@ -11,15 +11,17 @@ docs/mpi.md.
 from __future__ import annotations
 
 from .. import api
+from .arrays import array_of as _array_of
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
 from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
 from .constants import BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType, BufferAutomaticType, InPlaceType
 from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
-from .datatypes import Datatype, typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
+from .datatypes import Datatype
+from .typecodes import typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
 from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
 from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
 from .errorcodes import *  # noqa: F401,F403 - the error classes
-from .errorcodes import NAMES as _ERROR_NAMES, Exception
+from .errorcodes import ERR_DIMS, NAMES as _ERROR_NAMES, Exception, error as _error
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .handles import addressof as _addressof, handleof as _handleof, sizeof as _sizeof  # mpi4py's object model
 from .capi import CAPI as __pyx_capi__  # mpi4py's C API: PyMPI<Class>_New and _Get as PyCapsules
@@ -31,7 +33,8 @@ from .reductions import (
     BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD, REPLACE, SUM, Op,
 )
 from .refused import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
-from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, Grequest, Prequest, Request, Status
+from .requests import REQUEST_NULL, Grequest, Prequest, Request
+from .status import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
 
 Intracomm = Comm
 SUCCESS = 0
@@ -77,12 +80,11 @@ def Is_initialized() -> bool:
 
 def Get_address(location) -> int:
     """The address of a buffer's first byte (what MPI's absolute displacements count from)."""
-    from .bufferargs import array_of
     if location is None:
         return 0
     if isinstance(location, (BottomType, InPlaceType, BufferAutomaticType)):
         return int(location)
-    arr = array_of(location, "location", False)
+    arr = _array_of(location, "location", False)
     return int(arr.__array_interface__["data"][0])
 
 
@@ -94,13 +96,12 @@ def Compute_dims(nnodes: int, dims) -> list[int]:
     Raises:
         MPI.Exception: ``ERR_DIMS`` where the fixed sizes do not divide ``nnodes``.
     """
-    from .errorcodes import ERR_DIMS, error
     dims = [0] * int(dims) if isinstance(dims, int) else [int(d) for d in dims]
     fixed = 1
     for d in dims:
         fixed *= d if d > 0 else 1
     if int(nnodes) < 0 or any(d < 0 for d in dims) or int(nnodes) % fixed:
-        raise error(ERR_DIMS, f"{nnodes} processes do not fill a grid {dims}")
+        raise _error(ERR_DIMS, f"{nnodes} processes do not fill a grid {dims}")
     free = [1] * dims.count(0)
     left, factor = int(nnodes) // fixed, 2
     primes = []

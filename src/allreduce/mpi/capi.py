@@ -23,7 +23,8 @@ from .info import Errhandler, Info
 from .messages import Message
 from .reductions import Op
 from .refused import File, Session, Win
-from .requests import Grequest, Prequest, Request, Status
+from .requests import Grequest, Prequest, Request
+from .status import Status
 
 _new_capsule = ctypes.pythonapi.PyCapsule_New
 _new_capsule.restype = ctypes.py_object

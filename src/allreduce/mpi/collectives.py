@@ -8,10 +8,9 @@ the block sizes: their nonblocking forms run at once and return a completed requ
 that, one small all-reduce tells every rank whether any rank refused its arguments (counts that
 do not fit, a malformed buffer), so such an error raises on every rank and none is left waiting.
 
-``MPI.IN_PLACE`` (or ``None`` as the send buffer) means what MPI says for each call: at the root of
-a gather its block of the receive buffer already holds its input, at the root of a scatter it keeps
-its block where it is, in an all-gather and an all-to-all the receive buffer holds the input.
-A root out of range raises ``MPI.Exception(ERR_ROOT)`` on every rank, before anything is sent.
+Each method parses its buffer arguments once (:mod:`.parsed`: the root, ``MPI.IN_PLACE``, the
+blocks) and starts the collective on the record. A root out of range raises
+``MPI.Exception(ERR_ROOT)`` on every rank, before anything is sent.
 
 The even collectives pay no such round: a rank that refuses its arguments tells its peers through
 the group's heartbeat record (:func:`refusals`, ``ProcessGroup.refused``), and a peer waiting in
@@ -25,10 +24,11 @@ import functools
 
 import numpy as np
 
-from .. import api, uneven
+from .. import api, refusal, uneven
 from ..ops import ReduceOp
-from .bufferargs import BOTTOM, IN_PLACE, absolute, array_of, blocked, simple, vector, written
-from .errorcodes import ERR_ROOT, Exception as MPIException, error
+from . import parsed
+from .bufferargs import written
+from .errorcodes import Exception as MPIException
 from .requests import Request
 
 REFUSALS = (ValueError, TypeError, BufferError, KeyError, IndexError, MPIException)  # a rank's own arguments
@@ -37,28 +37,20 @@ REFUSALS = (ValueError, TypeError, BufferError, KeyError, IndexError, MPIExcepti
 def refusals(**collectives: str):
     """A class decorator: each method named (``method="Collective"``) that raises one of
     :data:`REFUSALS` before its collective was issued tells the group's peers that this rank refused
-    it (``ProcessGroup.refused``), then raises as before."""
+    it (:func:`~allreduce.refusal.refusing`), then raises as before."""
     def decorate(cls):
         for method, collective in collectives.items():
-            setattr(cls, method, _refusing(getattr(cls, method), collective))
+            setattr(cls, method, refusal.refusing(getattr(cls, method), collective, _group_of, REFUSALS))
         return cls
     return decorate
 
 
-def _refusing(method, collective: str):
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        try:
-            g = self.process_group()
-        except MPIException:  # no group (COMM_NULL): the method raises so, and nobody waits
-            return method(self, *args, **kwargs)
-        issued = g.issued
-        try:
-            return method(self, *args, **kwargs)
-        except REFUSALS as exc:
-            g.refused(collective, str(exc), issued)
-            raise
-    return call
+def _group_of(comm, *args, **kwargs):
+    """The group of the communicator a method is called on (``None`` for none)."""
+    try:
+        return comm.process_group()
+    except MPIException:  # no group (COMM_NULL): the method raises so, and nobody waits
+        return None
 
 
 def done() -> Request:
@@ -66,40 +58,16 @@ def done() -> Request:
     return Request(active=True)
 
 
-def in_place(sendbuf) -> bool:
-    return sendbuf is IN_PLACE or sendbuf is None
-
-
-def check_root(root, size: int) -> int:
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
-        raise error(ERR_ROOT, f"root={root!r} is not a rank of this communicator (0..{size - 1})")
-    return int(root)
-
-
-def split(buffer: np.ndarray, size: int) -> list[np.ndarray]:
-    """``buffer`` cut into ``size`` equal blocks."""
-    if buffer.size % size:
-        raise ValueError(f"a buffer of {buffer.size} elements does not split into {size} equal blocks")
-    step = buffer.size // size
-    return [buffer[r * step:(r + 1) * step] for r in range(size)]
-
-
 def agreed(g, what: str, prepare):
-    """``prepare()``'s value, once every rank of ``g`` has run its own ``prepare`` (its local checks of
-    its arguments) without error: one small all-reduce tells each rank whether any failed, so a bad
-    argument on one rank raises there and a ``ValueError`` naming it on the others, instead of
-    leaving them waiting in a collective that rank never enters."""
-    try:
-        value, error = prepare(), None
-    except (ValueError, TypeError) as exc:
-        value, error = None, exc
-    flag = np.array([-1 if error is None else g.rank], np.int64)
-    api.all_reduce(flag, ReduceOp.MAX, g)
-    if error is not None:
-        raise error
-    if flag[0] >= 0:
-        raise ValueError(f"{what}: rank {int(flag[0])} of this communicator refused its arguments; no data moved")
-    return value
+    """``prepare()``'s value once every rank of ``g`` checked its arguments (:func:`~allreduce.refusal.agreed`)."""
+    return refusal.agreed(what, prepare, g.rank, functools.partial(_highest, g))
+
+
+def _highest(g, vote: int) -> int:
+    """The highest of the votes of the ranks of ``g``: one small all-reduce."""
+    votes = np.array([vote], np.int64)
+    api.all_reduce(votes, ReduceOp.MAX, g)
+    return int(votes[0])
 
 
 @refusals(Ibcast="Bcast", Igather="Gather", Iscatter="Scatter", Iallgather="Allgather", Ialltoall="Alltoall")
@@ -117,55 +85,40 @@ class BufferCollectives:
 
     def Ibcast(self, buf, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-        target = simple(buf, "buf", g.rank != root)
-        if not target.flags.writeable:  # the root only reads its buffer (bytes, say); what moves is a copy
-            target = target.copy()
-        return Request(api.broadcast(target, root, g, async_op=True)).then(lambda: written(target))
+        m = parsed.bcast(buf, root, g.rank, g.size)
+        return Request(api.broadcast(m.recv, m.root, g, async_op=True)).then(m.written)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         self.Igather(sendbuf, recvbuf, root).Wait()
 
     def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-        if g.rank != root:
-            return Request(api.gather(simple(sendbuf, "sendbuf", False), None, root, g, async_op=True))
-        whole = blocked(recvbuf, g.size, "recvbuf", True)
-        blocks = split(whole, g.size)
-        send = blocks[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        return Request(api.gather(send, blocks, root, g, async_op=True)).then(lambda: written(whole))
+        m = parsed.gather(sendbuf, recvbuf, root, g.rank, g.size)
+        return _started(api.gather(m.send, m.recv_blocks, m.root, g, async_op=True), m)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         self.Iscatter(sendbuf, recvbuf, root).Wait()
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-        if g.rank != root:
-            target = simple(recvbuf, "recvbuf", True)
-            return Request(api.scatter(target, None, root, g, async_op=True)).then(lambda: written(target))
-        blocks = split(blocked(sendbuf, g.size, "sendbuf", False), g.size)
-        recv = blocks[g.rank].copy() if in_place(recvbuf) else simple(recvbuf, "recvbuf", True)
-        return Request(api.scatter(recv, blocks, root, g, async_op=True)).then(lambda: written(recv))
+        m = parsed.scatter(sendbuf, recvbuf, root, g.rank, g.size)
+        return Request(api.scatter(m.recv, m.send_blocks, m.root, g, async_op=True)).then(m.written)
 
     def Allgather(self, sendbuf, recvbuf) -> None:
         self.Iallgather(sendbuf, recvbuf).Wait()
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-        recv = blocked(recvbuf, g.size, "recvbuf", True)
-        send = split(recv, g.size)[g.rank].copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        return Request(api.all_gather_into_tensor(recv, send, g, async_op=True)).then(lambda: written(recv))
+        m = parsed.allgather(sendbuf, recvbuf, g.rank, g.size)
+        return Request(api.all_gather_into_tensor(m.recv, m.send, g, async_op=True)).then(m.written)
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         self.Ialltoall(sendbuf, recvbuf).Wait()
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-        recv = blocked(recvbuf, g.size, "recvbuf", True)
-        send = recv.copy() if in_place(sendbuf) else blocked(sendbuf, g.size, "sendbuf", False)
-        return Request(api.all_to_all_single(recv, send, group=g, async_op=True)).then(lambda: written(recv))
+        m = parsed.alltoall(sendbuf, recvbuf, g.size)
+        return Request(api.all_to_all_single(m.recv, m.send, group=g, async_op=True)).then(m.written)
 
     # ---- v- and w-variants (uneven blocks) ----------------------------------------------------
 
@@ -174,18 +127,12 @@ class BufferCollectives:
 
     def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-        if g.rank != root:
-            uneven.gather(g, agreed(g, "Gatherv", lambda: simple(sendbuf, "sendbuf", False)), root, None)
+        m = agreed(g, "Gatherv", lambda: parsed.gatherv(sendbuf, recvbuf, root, g.rank, g.size))
+        if m.recv is None:
+            uneven.gather(g, m.send, m.root, None)
             return done()
-
-        def prepare():
-            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
-            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        recv, counts, displs, send = agreed(g, "Gatherv", prepare)
-        uneven.gather(g, send, root, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
-        written(recv)
+        uneven.gather(g, m.send, m.root, _placing(m), m.recv.dtype)
+        m.written()
         return done()
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -193,24 +140,14 @@ class BufferCollectives:
 
     def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-
-        def prepare():
-            blocks, recv = None, None
-            if g.rank == root:
-                send, counts, displs = vector(sendbuf, g.size, "sendbuf", False)
-                blocks = [send[d:d + c] for c, d in zip(counts, displs)]
-            if not (in_place(recvbuf) and g.rank == root):
-                recv = simple(recvbuf, "recvbuf", True)
-            return blocks, recv
-        blocks, recv = agreed(g, "Scatterv", prepare)
-        got = uneven.scatter(g, blocks, root, None if recv is None else recv.dtype)
-        if recv is not None:
-            if got.nbytes != recv.nbytes:
-                raise ValueError(f"root {root} sent {got.nbytes // max(recv.itemsize, 1)} elements; recvbuf holds "
-                                 f"{recv.size}")
-            recv[:] = got.view(recv.dtype)
-            written(recv)
+        m = agreed(g, "Scatterv", lambda: parsed.scatterv(sendbuf, recvbuf, root, g.rank, g.size))
+        got = uneven.scatter(g, m.send_blocks, m.root, None if m.recv is None else m.recv.dtype)
+        if m.recv is not None:
+            if got.nbytes != m.recv.nbytes:
+                raise ValueError(f"root {m.root} sent {got.nbytes // max(m.recv.itemsize, 1)} elements; recvbuf "
+                                 f"holds {m.recv.size}")
+            m.recv[:] = got.view(m.recv.dtype)
+            m.written()
         return done()
 
     def Allgatherv(self, sendbuf, recvbuf) -> None:
@@ -218,14 +155,9 @@ class BufferCollectives:
 
     def Iallgatherv(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-
-        def prepare():
-            recv, counts, displs = vector(recvbuf, g.size, "recvbuf", True)
-            own = recv[displs[g.rank]:displs[g.rank] + counts[g.rank]]
-            return recv, counts, displs, own.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        recv, counts, displs, send = agreed(g, "Allgatherv", prepare)
-        uneven.all_gather(g, send, lambda got: uneven.place(got, recv, counts, displs, "recvbuf"), recv.dtype)
-        written(recv)
+        m = agreed(g, "Allgatherv", lambda: parsed.gatherv(sendbuf, recvbuf, g.rank, g.rank, g.size))
+        uneven.all_gather(g, m.send, _placing(m), m.recv.dtype)
+        m.written()
         return done()
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
@@ -233,84 +165,37 @@ class BufferCollectives:
 
     def Ialltoallv(self, sendbuf, recvbuf) -> Request:
         g = self.process_group()
-
-        def prepare():
-            recv, recv_counts, recv_displs = vector(recvbuf, g.size, "recvbuf", True)
-            if in_place(sendbuf):
-                send, send_counts, send_displs = recv.copy(), recv_counts, recv_displs
-            else:
-                send, send_counts, send_displs = vector(sendbuf, g.size, "sendbuf", False)
-            return recv, recv_counts, recv_displs, [send[d:d + c] for c, d in zip(send_counts, send_displs)]
-        recv, recv_counts, recv_displs, blocks = agreed(g, "Alltoallv", prepare)
-        uneven.all_to_all(g, blocks, lambda got: uneven.place(got, recv, recv_counts, recv_displs, "recvbuf"),
-                          into=recv.dtype)
-        written(recv)
+        m = agreed(g, "Alltoallv", lambda: parsed.alltoallv(sendbuf, recvbuf, g.size))
+        uneven.all_to_all(g, m.send_blocks, _placing(m), into=m.recv.dtype)
+        m.written()
         return done()
 
     def Alltoallw(self, sendbuf, recvbuf) -> None:
         self.Ialltoallw(sendbuf, recvbuf).Wait()
 
     def Ialltoallw(self, sendbuf, recvbuf) -> Request:
-        """Like ``Alltoallv`` with a datatype per block: ``[data, (counts, displs), types]``, displacements
-        in bytes, as MPI's ``Alltoallw`` takes them (``[data, types]``: one element of each type per rank,
-        all at the start of ``data``)."""
+        """Like ``Alltoallv`` with a datatype per block (:func:`.parsed.alltoallw`)."""
         g = self.process_group()
-
-        def prepare():
-            recv_blocks = _typed_blocks(recvbuf, g.size, "recvbuf", True)
-            if in_place(sendbuf):
-                return recv_blocks, [b.copy() for b in recv_blocks]
-            return recv_blocks, _typed_blocks(sendbuf, g.size, "sendbuf", False)
-        recv_blocks, send_blocks = agreed(g, "Alltoallw", prepare)
-        sent = [b.view(np.uint8) for b in send_blocks]
-
-        def deliver(got):
-            for r, (block, target) in enumerate(zip(got, recv_blocks)):
-                if block.nbytes != target.nbytes:
-                    raise ValueError(f"Alltoallw: rank {r} sent {block.nbytes} bytes; block {r} of recvbuf holds "
-                                     f"{target.nbytes}")
-                target.view(np.uint8)[:] = block.view(np.uint8)
-            written(*recv_blocks)
-        uneven.all_to_all(g, sent, deliver)
+        m = agreed(g, "Alltoallw", lambda: parsed.alltoallw(sendbuf, recvbuf, g.size))
+        uneven.all_to_all(g, [b.view(np.uint8) for b in m.send_blocks], functools.partial(_delivered, m.recv_blocks))
         return done()
 
 
-def _typed_blocks(spec, size: int, what: str, writable: bool) -> list[np.ndarray]:
-    """The blocks of an ``Alltoallw`` argument, in mpi4py's forms: ``[data, counts, displs, types]``,
-    ``[data, (counts, displs), types]`` (displacements in bytes), or ``[data, types]`` and counts and
-    displs both ``None``: then every block is one element of its type at the start of ``data`` (each
-    rank's block over the same bytes, as in MPI with counts of one and displacements of zero).
+def _started(work, m: parsed.Message) -> Request:
+    """The request of a collective started on ``m``, which writes its result back once done."""
+    return Request(work) if m.recv is None else Request(work).then(m.written)
 
-    Raises:
-        ValueError: another number of items, only one of counts and displs, ``BOTTOM`` without both.
-    """
-    if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
-        raise ValueError(f"{what}: an Alltoallw buffer is [data, counts, displs, types], [data, (counts, displs), "
-                         "types] or [data, types]")
-    if len(spec) == 2:
-        (data, types), counts, displs = spec, None, None
-    elif len(spec) == 3:
-        data, (counts, displs), types = spec
-    else:
-        data, counts, displs, types = spec
-    if data is BOTTOM and (counts is None or displs is None):
-        raise ValueError(f"{what}: MPI.BOTTOM needs counts and displs (absolute addresses)")
-    if counts is None and displs is None:
-        counts, displs = [1] * size, [0] * size
-    elif counts is None or displs is None:
-        raise ValueError(f"{what}: give both counts and displs, or neither")
-    if not isinstance(types, (list, tuple)):
-        types = [types] * size
-    if not len(counts) == len(displs) == len(types) == size:
-        raise ValueError(f"{what}: needs one count, displacement and type per rank ({size})")
-    if data is BOTTOM:  # every type's displacements are absolute addresses
-        return [absolute(t, int(c), int(d), writable) for c, d, t in zip(counts, displs, types)]
-    raw = array_of(data, what, writable).reshape(-1).view(np.uint8)
-    blocks = []
-    for count, displ, datatype in zip(counts, displs, types):
-        nbytes = int(count) * datatype.Get_size()
-        if displ < 0 or displ + nbytes > raw.size:
-            raise ValueError(f"{what}: {count} elements of {datatype.Get_name()} at byte {displ} do not fit in "
-                             f"{raw.size} bytes")
-        blocks.append(raw[int(displ):int(displ) + nbytes])
-    return blocks
+
+def _placing(m: parsed.Message):
+    """What puts the blocks a v-collective received into ``m``'s receive buffer."""
+    return lambda got: uneven.place(got, m.recv, m.counts, m.displs, "recvbuf")
+
+
+def _delivered(recv_blocks: list[np.ndarray], got: list[np.ndarray]) -> None:
+    """``Alltoallw``'s received blocks copied into the blocks of its receive buffer."""
+    for r, (block, target) in enumerate(zip(got, recv_blocks)):
+        if block.nbytes != target.nbytes:
+            raise ValueError(f"Alltoallw: rank {r} sent {block.nbytes} bytes; block {r} of recvbuf holds "
+                             f"{target.nbytes}")
+        target.view(np.uint8)[:] = block.view(np.uint8)
+    written(*recv_blocks)

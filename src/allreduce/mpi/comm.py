@@ -32,9 +32,9 @@ from .messages import PointToPoint
 from .pickled import ObjectCollectives
 from .reducing import Reductions
 from .requests import Request
+from .status import UNDEFINED
 from .ulfm import FailureMitigation
 
-UNDEFINED = -32766
 
 _UNSUPPORTED = {  # Comm methods of MPI features this library does not offer, and the feature's name
     **dict.fromkeys(["Create_cart", "Create_graph", "Create_dist_graph", "Create_dist_graph_adjacent",

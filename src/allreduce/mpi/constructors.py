@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import derived
+from .arrays import raw_bytes
+from .environment import VERSION as _VERSION
 from .errorcodes import ERR_ARG, ERR_COUNT, ERR_TRUNCATE, ERR_UNSUPPORTED_DATAREP, error as _error
 
 COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 0, 1, 2  # MPI's names for how a datatype was made
@@ -27,6 +29,7 @@ COMBINER_NAMES = {COMBINER_NAMED: "NAMED", COMBINER_DUP: "DUP", COMBINER_CONTIGU
                   COMBINER_F90_INTEGER: "F90_INTEGER", COMBINER_F90_REAL: "F90_REAL",
                   COMBINER_F90_COMPLEX: "F90_COMPLEX"}
 F90_COMBINERS = (COMBINER_F90_INTEGER, COMBINER_F90_REAL, COMBINER_F90_COMPLEX)
+_INT_MAX = 2**31 - 1  # the most elements a count of MPI 3 (a C int) holds
 
 
 def _counts(values, what: str) -> list[int]:
@@ -43,8 +46,39 @@ def _same_length(what: str, *sequences) -> None:
 
 
 class Constructors:
-    """The constructors of :class:`~allreduce.mpi.datatypes.Datatype`, which provides ``typemap``
-    (its layout) and ``_made`` (a new type of a layout and the arguments that made it)."""
+    """The constructors of :class:`~allreduce.mpi.datatypes.Datatype`, which provides ``typemap`` (its
+    layout), ``_basic()`` (its basic dtype) and ``fromcode``."""
+
+    @classmethod
+    def _made(cls, layout: derived.Layout, combiner: int, integers, addresses, datatypes, params: dict):
+        for old in datatypes:
+            old._basic()
+        basic = layout.basic
+        return cls(basic, "", layout.size // basic.itemsize, combiner, layout,
+                   (list(integers), list(addresses), list(datatypes), dict(params)))
+
+    def _repeated(self, count: int):
+        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing).
+
+        Past ``INT_MAX`` elements on an MPI before 4.0 (``Get_version``), whose counts are C ints, the type
+        is what such an MPI makes and ``decode`` shows: a struct of a vector of ``INT_MAX``-element blocks
+        and a contiguous rest. Either way its elements lie back to back and nothing is laid out.
+        """
+        if count > _INT_MAX and _VERSION < 4:
+            blocks, rest = divmod(count, _INT_MAX)
+            vector = type(self)(self._basic(), "", self.count * blocks * _INT_MAX, COMBINER_VECTOR, None,
+                                ([blocks, _INT_MAX, _INT_MAX], [], [self],
+                                 {"count": blocks, "blocklength": _INT_MAX, "stride": _INT_MAX}))
+            parts, displacements = [vector, self._repeated(rest)], [0, blocks * _INT_MAX * self.extent]
+            return type(self)(self._basic(), "", self.count * count, COMBINER_STRUCT, None,
+                              ([2, 1, 1], displacements, parts,
+                               {"blocklengths": [1, 1], "displacements": displacements, "datatypes": parts}))
+        return type(self)(self._basic(), "", self.count * count, COMBINER_CONTIGUOUS, None,
+                          ([count], [], [self], {"count": count}))
+
+    def _f90(self, combiner: int, integers, params: dict):
+        """The f90 type of ``combiner`` whose elements are this predefined type's."""
+        return type(self)(self.dtype, "", 1, combiner, None, (list(integers), [], [], dict(params)))
 
     def Create_contiguous(self, count: int):
         """``count`` elements of this type back to back, as one element."""
@@ -210,7 +244,6 @@ class Constructors:
         return self._unpack(inbuf, position, outbuf, big_endian=True)
 
     def _pack(self, inbuf, outbuf, position: int, big_endian) -> int:
-        from .bufferargs import raw_bytes
         layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
         count = _whole(source.size, layout)
         packed = layout.pack(source, count)
@@ -219,7 +252,6 @@ class Constructors:
         return _put(packed, target, int(position))
 
     def _unpack(self, inbuf, position: int, outbuf, big_endian) -> int:
-        from .bufferargs import raw_bytes
         layout, source, target = self.typemap, raw_bytes(inbuf, "inbuf", False), raw_bytes(outbuf, "outbuf", True)
         count, position = _whole(target.size, layout), int(position)
         packed = source[position:position + count * layout.size]

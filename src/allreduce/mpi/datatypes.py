@@ -23,12 +23,10 @@ from .constructors import (  # noqa: F401 - MPI's combiner names are module attr
 )
 from . import derived
 from .derived import Layout
-from .environment import VERSION as _VERSION
 from .errorcodes import ERR_ARG, ERR_KEYVAL, ERR_TYPE, error as _error
 from .handles import Handle, constant
 
 TYPECLASS_INTEGER, TYPECLASS_REAL, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
-_INT_MAX = 2**31 - 1  # the most elements a count of MPI 3 (a C int) holds
 
 
 @dataclass(eq=False)
@@ -56,36 +54,6 @@ class Datatype(Handle, Constructors):
         elif other is not None and not isinstance(other, np.dtype):
             raise TypeError(f"Datatype() takes a Datatype to copy, got {type(other).__name__}")
         self.__dict__.setdefault("origin", self)  # what every handle of this type shares
-
-    @classmethod
-    def _made(cls, layout: Layout, combiner: int, integers, addresses, datatypes, params: dict) -> "Datatype":
-        for old in datatypes:
-            old._basic()
-        basic = layout.basic
-        return cls(basic, "", layout.size // basic.itemsize, combiner, layout,
-                   (list(integers), list(addresses), list(datatypes), dict(params)))
-
-    def _repeated(self, count: int) -> "Datatype":
-        """``Create_contiguous`` of a type without a layout: still none (so a huge count costs nothing).
-
-        Past ``INT_MAX`` elements on an MPI before 4.0 (``Get_version``), whose counts are C ints, the type
-        is what such an MPI makes and ``decode`` shows: a struct of a vector of ``INT_MAX``-element blocks
-        and a contiguous rest. Either way its elements lie back to back and nothing is laid out.
-        """
-        if count > _INT_MAX and _VERSION < 4:
-            blocks, rest = divmod(count, _INT_MAX)
-            vector = Datatype(self._basic(), "", self.count * blocks * _INT_MAX, COMBINER_VECTOR, None,
-                              ([blocks, _INT_MAX, _INT_MAX], [], [self],
-                               {"count": blocks, "blocklength": _INT_MAX, "stride": _INT_MAX}))
-            parts, displacements = [vector, self._repeated(rest)], [0, blocks * _INT_MAX * self.extent]
-            return Datatype(self._basic(), "", self.count * count, COMBINER_STRUCT, None,
-                            ([2, 1, 1], displacements, parts,
-                             {"blocklengths": [1, 1], "displacements": displacements, "datatypes": parts}))
-        return Datatype(self._basic(), "", self.count * count, COMBINER_CONTIGUOUS, None,
-                        ([count], [], [self], {"count": count}))
-
-    def _f90(self, combiner: int, integers, params: dict) -> "Datatype":
-        return Datatype(self.dtype, "", 1, combiner, None, (list(integers), [], [], dict(params)))
 
     def _basic(self) -> np.dtype:
         if self.dtype is None:
@@ -417,12 +385,6 @@ FLOAT_INT = _pair("FLOAT_INT", FLOAT)
 DOUBLE_INT = _pair("DOUBLE_INT", DOUBLE)
 LONG_DOUBLE_INT = _pair("LONG_DOUBLE_INT", LONG_DOUBLE)
 
-_BY_DTYPE: dict[np.dtype, Datatype] = {}  # the datatype a bare array of each dtype stands for
-for _type in (BYTE, SIGNED_CHAR, SHORT, UNSIGNED_SHORT, INT, UNSIGNED, LONG, UNSIGNED_LONG, FLOAT, DOUBLE,
-              C_BOOL, C_FLOAT_COMPLEX, C_DOUBLE_COMPLEX, LONG_DOUBLE, C_LONG_DOUBLE_COMPLEX):
-    _BY_DTYPE.setdefault(_type.dtype, _type)
-
-
 _BY_CODE = {
     "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG, "B": UNSIGNED_CHAR,
     "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG, "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE,
@@ -442,28 +404,3 @@ _MATCHING = {
     **{(TYPECLASS_REAL, n): t for n, t in ((2, REAL2), (4, REAL4), (8, REAL8))},
     **{(TYPECLASS_COMPLEX, n): t for n, t in ((8, COMPLEX8), (16, COMPLEX16))},
 }
-
-
-def datatype_of(dtype) -> Datatype:
-    """The predefined datatype of a numpy dtype (or a typecode such as ``"d"``), else an unnamed one."""
-    dtype = np.dtype(dtype)
-    return _BY_DTYPE.get(dtype) or Datatype(dtype, str(dtype))
-
-
-def typecode_of(datatype: Datatype) -> str | None:
-    """The numpy typecode of a predefined (or f90) datatype, ``None`` for others and for the pairs:
-    what mpi4py's ``MPI._typecode`` answers, which ``mpi4py.util.dtlib`` builds numpy dtypes from."""
-    if datatype.dtype is None or not datatype.is_predefined or datatype._is_pair:
-        return None
-    return datatype.tocode()
-
-
-def typealign_of(datatype: Datatype) -> int | None:
-    """The alignment in bytes of a predefined datatype (mpi4py's ``MPI._typealign``; a pair's is its
-    stricter member's), else ``None``."""
-    if datatype.dtype is None or not datatype.is_predefined:
-        return None
-    value = pair_value(datatype)
-    if value is not None:
-        return max(value.dtype.alignment, INT.dtype.alignment)
-    return datatype.dtype.alignment

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from .. import __version__ as _version
+from ..version import __version__ as _version
 from .derived import DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_DFLT_DARG, DISTRIBUTE_NONE  # noqa: F401
 from .errorcodes import ERR_ARG, error
 

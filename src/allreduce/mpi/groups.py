@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errorcodes import ERR_ARG, ERR_GROUP, ERR_RANK, error
 from .handles import Handle, constant
-from .requests import PROC_NULL, UNDEFINED
+from .status import PROC_NULL, UNDEFINED
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 

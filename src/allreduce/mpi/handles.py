@@ -21,6 +21,8 @@ import weakref
 
 import numpy as np
 
+from .status import Status
+
 _CONSTANTS: list = []  # the module's predefined handles themselves (freeing them does nothing)
 _NAMED: "weakref.WeakValueDictionary[int, Handle]" = weakref.WeakValueDictionary()  # handle -> a live handle of it
 HANDLE_SIZE = 8  # bytes of a handle, what MPI._sizeof answers for every handle class
@@ -95,7 +97,6 @@ def sizeof(arg) -> int:
     Raises:
         TypeError: not a handle, a Status or their class.
     """
-    from .requests import Status
     cls = arg if isinstance(arg, type) else type(arg)
     if issubclass(cls, Status):
         return Status.NBYTES

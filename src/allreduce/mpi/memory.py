@@ -23,6 +23,7 @@ from . import cudaiface, dlpack
 from .constants import BUFFER_AUTOMATIC
 from .errorcodes import ERR_ARG, ERR_BUFFER, error
 from .memregion import CPU, HOST_DEVICES, Region
+from .requests import Request
 
 __all__ = ["BSEND_OVERHEAD", "buffer", "Alloc_mem", "Free_mem", "Attach_buffer", "Detach_buffer",
            "Flush_buffer", "Iflush_buffer"]
@@ -229,5 +230,4 @@ def Flush_buffer() -> None:
 
 
 def Iflush_buffer():
-    from .requests import Request
     return Request()

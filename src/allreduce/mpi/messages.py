@@ -19,7 +19,8 @@ from .. import objects
 from . import p2p
 from .bufferargs import simple, written
 from .handles import Handle, constant
-from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
+from .requests import Prequest, Request
+from .status import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
 
 
 class PointToPoint:

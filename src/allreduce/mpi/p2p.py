@@ -16,7 +16,8 @@ import numpy as np
 
 from ..arguments import check_rank, check_tag
 
-from .requests import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
+from .requests import Request
+from .status import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
 
 
 def exchange(receiving: Request, sending: Request, status: Status | None):

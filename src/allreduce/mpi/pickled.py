@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from .. import objects, uneven
-from .collectives import check_root
+from .parsed import check_root
 from .locks import comm_lock
 from .reductions import SUM
 

@@ -18,8 +18,10 @@ import numpy as np
 
 from .. import api, uneven
 from ..ops import check_op, kernel
-from .collectives import check_root, done, in_place, refusals, split
-from .bufferargs import blocked, datatype_argument, simple, written
+from . import parsed
+from .bufferargs import datatype_argument
+from .collectives import done, refusals
+from .parsed import in_place
 from .reductions import SUM, Op
 from .requests import Request
 
@@ -50,19 +52,18 @@ class Reductions:
 
     def _allreduce(self, sendbuf, recvbuf, op: Op, async_op: bool) -> Request:
         g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        m = parsed.allreduce(sendbuf, recvbuf)
         if op.native is None:
-            np.copyto(recv, _folded(g, op, send, recvbuf)[-1], casting="unsafe")
-            written(recv)
+            np.copyto(m.recv, _folded(g, op, m.send, recvbuf)[-1], casting="unsafe")
+            m.written()
             return done()
-        work, write_back = _staged(op, send, recv, g.size)
+        work, write_back = _staged(op, m.send, m.recv, g.size)
         started = api.all_reduce(work, op.for_buffers(), g, async_op=async_op)
         if async_op:
-            return Request(started, write_back).then(lambda: written(recv))
+            return Request(started, write_back).then(m.written)
         if write_back is not None:
             write_back()
-        written(recv)
+        m.written()
         return done()
 
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
@@ -70,20 +71,15 @@ class Reductions:
 
     def Ireduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> Request:
         g = self.process_group()
-        root = check_root(root, g.size)
-        recv = simple(recvbuf, "recvbuf", True) if g.rank == root else None
-        if in_place(sendbuf) and recv is None:
-            raise ValueError("MPI.IN_PLACE is only valid at the root of a Reduce")
-        send = recv if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
+        m = parsed.reduce(sendbuf, recvbuf, root, g.rank, g.size)
         if op.native is None:
-            rows = _folded(g, op, send, recvbuf if recv is not None else sendbuf)
-            if recv is not None:
-                np.copyto(recv, rows[-1], casting="unsafe")
-                written(recv)
+            rows = _folded(g, op, m.send, recvbuf if m.recv is not None else sendbuf)
+            if m.recv is not None:
+                np.copyto(m.recv, rows[-1], casting="unsafe")
+                m.written()
             return done()
-        work, write_back = _staged(op, send, recv, g.size)
-        return Request(api.reduce(work, root, op.for_buffers(), g, async_op=True), write_back).then(
-            lambda: written(recv))
+        work, write_back = _staged(op, m.send, m.recv, g.size)
+        return Request(api.reduce(work, m.root, op.for_buffers(), g, async_op=True), write_back).then(m.written)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
@@ -92,26 +88,18 @@ class Reductions:
         """Reduce ``size`` blocks across ranks; rank r receives block r (in place: ``recvbuf`` holds
         every block and block r of the result lands at its start)."""
         g = self.process_group()
-        if in_place(sendbuf):
-            whole = blocked(recvbuf, g.size, "recvbuf", True)
-            send, recv = whole.copy(), split(whole, g.size)[0]
-        else:
-            recv = simple(recvbuf, "recvbuf", True)
-            send = blocked(sendbuf, g.size, "sendbuf", False)
-            _matched(send, recv, same_count=False)
-        if send.size != recv.size * g.size:
-            raise ValueError(f"sendbuf has {send.size} elements; {g.size} blocks of recvbuf's {recv.size} need "
-                             f"{recv.size * g.size}")
+        m = parsed.reduce_scatter_block(sendbuf, recvbuf, g.size)
+        send, recv = m.send, m.recv
         if op.native is None:
-            np.copyto(recv, split(_folded(g, op, send, recvbuf)[-1], g.size)[g.rank], casting="unsafe")
-            written(recv)
+            np.copyto(recv, parsed.split(_folded(g, op, send, recvbuf)[-1], g.size)[g.rank], casting="unsafe")
+            m.written()
             return done()
         operand = _operand(op, send, g.size)
         out = recv if recv.dtype == operand.dtype else np.empty(recv.size, operand.dtype)
         started = api.reduce_scatter_tensor(out, operand if operand is not send else send.copy(), op.for_buffers(),
                                             g, async_op=True)
         return Request(started, None if out is recv else (lambda: np.copyto(recv, out, casting="unsafe"))).then(
-            lambda: written(recv))
+            m.written)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op: Op = SUM) -> None:
         self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
@@ -121,26 +109,14 @@ class Reductions:
         the start of ``recvbuf``). Without ``recvcounts`` each rank keeps as many as its ``recvbuf``
         holds (the counts are all-gathered); in place, ``recvbuf`` holds the whole input."""
         g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        send = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        _matched(send, recv, same_count=False)
-        if recvcounts is None:
-            own = np.array([recv.size if not in_place(sendbuf) else -1], np.int64)
-            everyone = np.empty(g.size, np.int64)
-            api.all_gather_into_tensor(everyone, own, g)
-            counts = [int(c) for c in everyone]
-            if min(counts) < 0:
-                raise ValueError("Reduce_scatter with MPI.IN_PLACE needs recvcounts (recvbuf holds the whole input)")
-        else:
-            counts = [int(c) for c in recvcounts]
-        if len(counts) != g.size or send.size != sum(counts):
-            raise ValueError(f"sendbuf has {send.size} elements; recvcounts {counts} need one count per rank "
-                             f"({g.size}) summing to it")
+        m = parsed.reduce_scatter(sendbuf, recvbuf)
+        send, recv = m.send, m.recv
+        counts = _recvcounts(g, recvcounts, None if in_place(sendbuf) else recv.size, send.size)
         start = uneven.displacements(counts)[g.rank]
         if op.native is None:
             total = _folded(g, op, send, recvbuf)[-1]
             np.copyto(recv[:counts[g.rank]], total[start:start + counts[g.rank]], casting="unsafe")
-            written(recv)
+            m.written()
             return done()
         block = max(counts, default=0)
         operand = _operand(op, send, g.size)
@@ -150,7 +126,7 @@ class Reductions:
         result = np.empty(block, padded.dtype)
         api.reduce_scatter_tensor(result, padded, op.for_buffers(), g)
         np.copyto(recv[:counts[g.rank]], result[:counts[g.rank]], casting="unsafe")
-        written(recv)
+        m.written()
         return done()
 
     def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
@@ -170,9 +146,8 @@ class Reductions:
 
     def _prefix(self, sendbuf, recvbuf, op: Op, inclusive: bool) -> None:
         g = self.process_group()
-        recv = simple(recvbuf, "recvbuf", True)
-        mine = recv.copy() if in_place(sendbuf) else simple(sendbuf, "sendbuf", False)
-        _matched(mine, recv, same_count=True)
+        m = parsed.scan(sendbuf, recvbuf)
+        mine, recv = m.send, m.recv
         everyone = _gathered(g, mine)[:g.rank + inclusive]
         if len(everyone) == 0:
             return
@@ -185,7 +160,28 @@ class Reductions:
             for row in everyone[1:]:
                 total = combine(_operand(op, total, 2), _operand(op, row, 2))
         np.copyto(recv, total, casting="unsafe")
-        written(recv)
+        m.written()
+
+
+def _recvcounts(g, recvcounts, own: int | None, total: int) -> list[int]:
+    """A reduce-scatter's count per rank: ``recvcounts``, else every rank's ``own`` (its receive
+    buffer's size; ``None`` in place, where it holds the whole input), all-gathered.
+
+    Raises:
+        ValueError: counts that are not one per rank summing to ``total``, or in place without them.
+    """
+    if recvcounts is None:
+        everyone = np.empty(g.size, np.int64)
+        api.all_gather_into_tensor(everyone, np.array([-1 if own is None else own], np.int64), g)
+        counts = [int(c) for c in everyone]
+        if min(counts) < 0:
+            raise ValueError("Reduce_scatter with MPI.IN_PLACE needs recvcounts (recvbuf holds the whole input)")
+    else:
+        counts = [int(c) for c in recvcounts]
+    if len(counts) != g.size or total != sum(counts):
+        raise ValueError(f"sendbuf has {total} elements; recvcounts {counts} need one count per rank "
+                         f"({g.size}) summing to it")
+    return counts
 
 
 def _gathered(g, mine: np.ndarray) -> np.ndarray:
@@ -207,19 +203,6 @@ def _operand(op: Op, values: np.ndarray, operands: int) -> np.ndarray:
     return values != 0 if op.logical and operands > 1 else values
 
 
-def _matched(send: np.ndarray, recv: np.ndarray, same_count: bool) -> None:
-    """Refuse, as mpi4py does before anything moves, a send and a receive buffer of different
-    datatypes (and, where ``same_count``, of different counts).
-
-    Raises:
-        ValueError: naming both.
-    """
-    if send.dtype != recv.dtype:
-        raise ValueError(f"mismatch in send and receive datatypes: {send.dtype} and {recv.dtype}")
-    if same_count and send.size != recv.size:
-        raise ValueError(f"mismatch in send count {send.size} and receive count {recv.size}")
-
-
 def _staged(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
     """``(work, write_back)``: an array holding ``send`` for ``op`` to reduce in place over ``size``
     ranks, and what copies the result into ``recv`` afterwards (``None`` when ``work`` is ``recv`` or
@@ -230,7 +213,7 @@ def _staged(op: Op, send: np.ndarray, recv: np.ndarray | None, size: int):
             a copy would broadcast one element over the receive buffer).
     """
     if recv is not None:
-        _matched(send, recv, same_count=True)
+        parsed.matched(send, recv, same_count=True)
     operand = _operand(op, send, size)
     if recv is not None and recv.dtype == operand.dtype:
         if operand is not recv:

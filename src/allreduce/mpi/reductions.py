@@ -15,7 +15,8 @@ import operator
 
 import numpy as np
 
-from ..ops import ReduceOp
+from ..ops import ReduceOp, kernel
+from .bufferargs import datatype_argument, simple, written
 from .errorcodes import ERR_OP, error
 from .handles import Handle, constant
 
@@ -148,7 +149,6 @@ class Op(Handle):
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """Combine ``inbuf`` into ``inoutbuf`` on this process alone: ``inoutbuf = inbuf op inoutbuf``."""
-        from .bufferargs import datatype_argument, simple, written
         source, target = simple(inbuf, "inbuf", False), simple(inoutbuf, "inoutbuf", True)
         if source.size != target.size:
             raise ValueError(f"mismatch in inbuf count {source.size} and inoutbuf count {target.size}")
@@ -158,7 +158,6 @@ class Op(Handle):
             np.copyto(target, self.fold([source, target], datatype_argument(inoutbuf, target.dtype)), casting="unsafe")
             written(target)
             return
-        from ..ops import kernel
         operands = [source, target] if not self.logical else [source != 0, target != 0]
         np.copyto(target, kernel(self.for_buffers(), operands[0].dtype)(operands[0], operands[1]), casting="unsafe")
         written(target)
