@@ -16,13 +16,16 @@ from .calls import (
 from .runtime.membership import Agreement
 from .world import (
     BACKENDS, SHRINK_ABORT, SHRINK_DEFAULT, Group, NonMember, agree, are_deterministic_algorithms_enabled,
-    default_group, destroy_process_group, failed_ranks, grow_group, is_replacement, join_group, joiners_waiting, get_backend, get_local_rank, get_local_size, get_rank,
+    default_group, destroy_process_group, failed_ranks, grow_group, is_replacement, join_group, joiners_waiting,
+    get_backend, get_local_rank, get_local_size, get_rank,
     get_topology, get_world_size, init_process_group, is_available, is_initialized, new_group, resolve_group,
     self_group, shrink_group, split_group, use_deterministic_algorithms,
 )
 
 __all__ = [
-    "BACKENDS", "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "agree", "failed_ranks", "grow_group", "is_replacement", "join_group", "joiners_waiting", "shrink_group", "Group", "NonMember", "Number", "Op", "Tensor", "Timeout", "all_gather", "all_gather_into_tensor",
+    "BACKENDS", "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "agree", "failed_ranks", "grow_group", "is_replacement",
+    "join_group", "joiners_waiting", "shrink_group", "Group", "NonMember", "Number", "Op", "Tensor", "Timeout",
+    "all_gather", "all_gather_into_tensor",
     "all_reduce", "all_reduce_scalar", "all_to_all_single", "are_deterministic_algorithms_enabled", "barrier",
     "broadcast", "default_group", "destroy_process_group", "gather", "get_backend", "get_local_rank",
     "get_local_size", "get_rank", "get_topology", "get_world_size", "init_process_group", "irecv", "is_available",

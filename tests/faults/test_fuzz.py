@@ -324,7 +324,7 @@ def test_store_port_junk_while_a_job_runs():
     FRAMES.update({f"store port: {k}": v for k, v in tried.items()})
     assert not failures, failures[:5]
     assert sum(tried.values()) > 100, tried
-    for calls, wrong, pwned, growth in results:
+    for _calls, wrong, pwned, _growth in results:
         assert wrong == 0 and not pwned
     assert results[0][3] < 8 << 20, f"store host grew by {results[0][3] >> 20} MiB"
 

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import engines
 from support.harness import free_port, run_ranks
 from support.matrices import all_reduce_matrix, block_matrix, rooted_matrix
 
@@ -267,7 +266,7 @@ def test_failures_read_the_same_on_both_engines(scenario, size):
 def test_a_rank_that_exits_on_its_error_has_told_its_peers(engine):
     outcomes = _failure(_mismatch_then_exit, 3, engine)
     assert outcomes[0] == ("killed", 7)
-    for kind, name, message in outcomes[1:]:
+    for _kind, name, message in outcomes[1:]:
         assert name == "Mismatch" and "rank 0 aborted: Mismatch" in message, outcomes
 
 

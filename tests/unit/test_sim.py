@@ -247,7 +247,8 @@ def test_the_simulated_trace_has_steps_messages_and_reductions(tmp_path):
     trace.write(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     lanes = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    assert {(0, "collective"), (0, "step"), (0, "send -> 1"), (0, "recv <- 3"), (0, "reduce"), (1, "send -> 2")} <= lanes
+    assert {(0, "collective"), (0, "step"), (0, "send -> 1"), (0, "recv <- 3"), (0, "reduce"),
+            (1, "send -> 2")} <= lanes
     steps = [e for e in events if e["ph"] == "X" and e["tid"] == 1 and e["pid"] == 0]
     assert len(steps) == 6 and all(e["dur"] > 0 for e in steps)
     assert {e["pid"] for e in events} == {0, 1}
@@ -277,7 +278,8 @@ def test_simulate_command(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "ring" in out and "cell" in out
     assert json.loads(trace.read_text())["traceEvents"]
-    assert cli.main(["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast", "--cores", "8"]) == 0
+    sweep = ["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast", "--cores", "8"]
+    assert cli.main(sweep) == 0
     assert "crossover" in capsys.readouterr().out
 
 

@@ -124,11 +124,11 @@ class Store:
         """Remove ``key``; return whether it was there."""
         return self._call(wire.Delete(_key(key))).flag
 
-    def prefix(self, prefix: str) -> "Store":
+    def prefix(self, prefix: str) -> Store:
         """A view of this store whose keys are ``prefix + "/" + key`` (for subgroups, later rounds)."""
         return PrefixStore(prefix, self)
 
-    def within(self, seconds: float) -> "Store":
+    def within(self, seconds: float) -> Store:
         """A view of this store whose every request ends within ``seconds`` from now: its waits are cut
         to what is left, and a store reached over the network gives up on a silent host then.
 
@@ -143,7 +143,7 @@ class Store:
         return _Within(self, seconds)
 
     @property
-    def base(self) -> "Store":
+    def base(self) -> Store:
         """The store this one is a view of (itself unless it is a prefix view)."""
         return self
 
@@ -156,7 +156,7 @@ class Store:
         """Release this store's connections (and, on the rank that hosts it, the server)."""
         self._closed = True
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info) -> None:

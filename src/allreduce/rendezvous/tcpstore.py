@@ -80,8 +80,9 @@ class TCPStore(Store):
     included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
     host may start later. ``world_size`` sizes the server's listen backlog, and ``limits`` caps what
     it holds. ``security`` is the job's key and TLS (:class:`~allreduce.security.Security`; default: no
-    secret, no TLS), the same on every rank: the edge builds it from the settings. ``timeout`` is also the default wait of ``get`` and ``wait`` (default: the group's
-    timeout, 10 minutes), and what a request may take beyond its wait before the client gives up.
+    secret, no TLS), the same on every rank: the edge builds it from the settings. ``timeout`` is also
+    the default wait of ``get`` and ``wait`` (default: the group's timeout, 10 minutes), and what a
+    request may take beyond its wait before the client gives up.
 
     Example (two ranks)::
 

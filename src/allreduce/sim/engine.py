@@ -30,7 +30,7 @@ the run is skipped by adding that time (exact; ``tests/unit/test_sim_shortcuts.p
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from ..model.traffic import Traffic
 StepHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
 
 
-def run(traffic: Traffic, network: Network, on_step: Optional[StepHook] = None) -> np.ndarray:
+def run(traffic: Traffic, network: Network, on_step: StepHook | None = None) -> np.ndarray:
     """Run ``traffic`` over ``network``; return each simulated rank's finishing time in seconds."""
     if network.stretch(traffic.size) > 1.0:  # ranks outnumber cores: stretched by each step's busy ranks
         busy = traffic.busy()
@@ -81,7 +81,8 @@ def _step(traffic: Traffic, network: Network, ready: np.ndarray, s: int, ports: 
     if cross.any():
         load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
                                                     nbytes[cross], traffic.hosts, inter.duplex))
-    end = t0 + np.where(cross, inter.alpha + inter.step, intra.alpha + intra.step) + load * np.where(cross, inter.beta, intra.beta)
+    end = (t0 + np.where(cross, inter.alpha + inter.step, intra.alpha + intra.step)
+           + load * np.where(cross, inter.beta, intra.beta))
     reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
     done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
     if on_step is not None:

@@ -17,7 +17,7 @@ all-reduce per reduction (a fused bucket of the optimizer is one reduction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -53,7 +53,7 @@ import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
