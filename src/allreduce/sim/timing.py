@@ -1,6 +1,6 @@
 """Times :class:`~allreduce.model.traffic.Traffic` on a :class:`~allreduce.model.network.Network`.
 
-The engine keeps, per rank, the time it finished its last step (``ready``); there is no global clock
+Each rank has the time it finished its last step (``ready``); there is no global clock
 tick, so fast ranks run ahead exactly as the executor lets them. One step at a time, for all its
 messages at once (numpy):
 
@@ -20,12 +20,12 @@ messages at once (numpy):
 5. a rank's step ends when all its messages (and reductions) have.
 
 Shares are settled per step: the messages of one step on one port are taken to start together,
-which is what a bulk-synchronous step does and what keeps the engine vectorized.
+which is what a bulk-synchronous step does and what keeps the timing vectorized.
 
 *Runs of equal steps.* Each step maps the ranks' times through maxima and fixed additions, so
 delaying every rank by ``c`` delays the result by ``c``. A ring repeats one step ``n - 1`` times;
 once such a step moves every rank by the same time, every later repetition does too, and the rest of
-the run is skipped by adding that time (exact; ``tests/unit/test_sim_shortcuts.py`` checks it).
+the run is skipped by adding that time (exact; ``tests/unit/test_sim_abridged.py`` checks it).
 """
 
 from __future__ import annotations
