@@ -154,8 +154,30 @@ def test_well_formed_programs_are_planned(words):
     assert isinstance(_plan(words), tcp.Plan)
 
 
+def _flat(steps) -> list[int]:
+    words = [len(steps)]
+    for index, copies, sends, recvs in steps:
+        words += [index, len(copies), len(sends), len(recvs)]
+        for op in copies + sends + recvs:
+            words += [w for part in op for w in (part if isinstance(part, tuple) else (part,))]
+    return words
+
+
+_span = st.tuples(st.integers(0, 3), st.integers(0, 64))
+_copy = st.tuples(_span, _span, st.integers(0, 64), st.tuples(st.integers(-1, 3), st.integers(0, 64)))
+_send = st.tuples(st.just(1), _span, st.integers(0, 64))
+_recv = st.tuples(st.just(1), _span, st.integers(0, 64), st.tuples(st.just(-1), st.integers(0, 64)),
+                  st.integers(-1, 3), st.integers(0, 1))
+_step = st.tuples(st.integers(0, 9), st.lists(_copy, max_size=2), st.lists(_send, max_size=2),
+                  st.lists(_recv, max_size=2))
+# programs as engines/native_tcp.py writes them, and the same with one word changed or one dropped
+_programs = st.lists(_step, max_size=3).map(_flat)
+_changed = st.tuples(_programs, st.integers(0, 200), st.integers(-3, 70) | st.none()).map(
+    lambda p: p[0][:p[1] % len(p[0])] + ([] if p[2] is None else [p[2]]) + p[0][p[1] % len(p[0]) + 1:])
+
+
 @settings(max_examples=2000, deadline=None)
-@given(st.lists(st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1), max_size=40))
+@given(st.lists(st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1), max_size=40) | _programs | _changed)
 def test_any_program_is_planned_or_refused_as_its_layout_says(words):
     try:
         plan = _plan(words)
