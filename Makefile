@@ -29,7 +29,10 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 
 native: $(NATIVE_STAMP)
 
+# ruff first (pyproject.toml's [tool.ruff]); mypy --strict runs inside pytest (tests/unit/test_typing.py).
+LINTED := src tests benchmarks examples scripts fuzz
 test: $(STAMP) $(NATIVE_STAMP)
+	$(PY) -m ruff check $(LINTED)
 	$(PY) -m pytest -q
 
 # The compiled engine built with AddressSanitizer (gcc's libasan preloaded into Python), then the native

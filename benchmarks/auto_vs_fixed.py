@@ -68,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         env.pop("ALLREDUCE_ALGO", None)
         os.environ["ALLREDUCE_PROFILE"] = profile_path  # for the planner's pick below
         print(f"# auto vs fixed, {time.strftime('%Y-%m-%d %H:%M')}, {os.uname().nodename} ({os.cpu_count()} cpus), "
-              f"transport {transport}, profile {'fresh from allreduce tune' if args.profile is None else profile_path}, "
+              f"transport {transport}, "
+              f"profile {'fresh from allreduce tune' if args.profile is None else profile_path}, "
               f"best of {args.rounds} round(s) of {args.iters} iterations")
         link = costmodel.load(profile_path).link(transport, "intra")
         print(f"# {transport} link: alpha {link.alpha * 1e6:.0f} us, step {link.step * 1e6:.0f} us, beta "
-              f"{link.beta * 1e9:.3f} ns/B, duplex {link.duplex:.2f}, crowded {link.crowded:.2f}; load {os.getloadavg()[0]:.1f}")
+              f"{link.beta * 1e9:.3f} ns/B, duplex {link.duplex:.2f}, crowded {link.crowded:.2f}; "
+              f"load {os.getloadavg()[0]:.1f}")
         worst = 0.0
         for n in args.n or [2, 4]:
             best: dict[tuple[int, str], float] = {}

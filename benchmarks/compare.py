@@ -29,7 +29,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np

@@ -111,7 +111,8 @@ def table(rounds: list[list[dict]], tcp: list[float], args: argparse.Namespace) 
         seconds = statistics.median(row["time_us"] for row in same) / 1e6
         size = same[0]["size"]
         rows.append({"size": size, "algorithm": same[0]["ran"] or same[0]["algorithm"], "time_s": seconds,
-                     "link_use": size * share / seconds / link, "correct": all(r["correct"] is not False for r in same)})
+                     "link_use": size * share / seconds / link,
+                     "correct": all(r["correct"] is not False for r in same)})
     rows.append({"size": None, "algorithm": "tcp", "time_s": None, "link_use": statistics.median(tcp) / link,
                  "correct": True})
     return rows
@@ -119,7 +120,8 @@ def table(rounds: list[list[dict]], tcp: list[float], args: argparse.Namespace) 
 
 def report(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"# {args.hosts} namespaces x {args.per_host} ranks, each link capped at {args.rate} both ways "
-          f"(tbf burst {args.burst}, latency {args.latency}); median of {args.rounds} rounds; load {os.getloadavg()[0]:.1f}")
+          f"(tbf burst {args.burst}, latency {args.latency}); median of {args.rounds} rounds; "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"| {'size':>9} | {'algorithm':<13}| {'time (ms)':>10} | {'link use':>8} | check |")
     print(f"|{'-' * 11}|{'-' * 14}|{'-' * 12}|{'-' * 10}|-------|")
     for r in rows:
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print("netns-bench: network namespaces are not available here (root, ip and tc needed)", file=sys.stderr)
         return 1
     rounds, tcp = [], []
-    with tempfile.TemporaryDirectory() as workdir, netns.Testbed(args.hosts, args.rate, args.burst, args.latency) as bed:
+    testbed = netns.Testbed(args.hosts, args.rate, args.burst, args.latency)
+    with tempfile.TemporaryDirectory() as workdir, testbed as bed:
         for i in range(args.rounds):  # interleaved, so a burst of other load touches both alike
             tcp.append(tcp_goodput(bed, 64 << 20))
             rounds.append(bench_round(bed, args, os.path.join(workdir, f"round{i}.json")))

@@ -70,9 +70,9 @@ def measure(sizes: list[int], reps: int) -> list[str]:
                     cells.append("")
                     continue
                 bounce = np.empty(piece // 4, np.float32)
-                cells.append(f"{_best(lambda: _cross(reader, source, size, piece, bounce, mine, out), n) * 1e6:.0f} us")
-            copy = _best(lambda: np.copyto(shared[:count], mine), n)
-            reduce = _best(lambda: np.add(mine, shared[:count], out=out), n)
+                cells.append(f"{_best(lambda: _cross(reader, source, size, piece, bounce, mine, out), n) * 1e6:.0f} us")  # noqa: B023 - called within this iteration
+            copy = _best(lambda: np.copyto(shared[:count], mine), n)  # noqa: B023 - called within this iteration
+            reduce = _best(lambda: np.add(mine, shared[:count], out=out), n)  # noqa: B023 - called within this iteration
             cells += [f"{copy * 1e6:.0f} us", f"{reduce * 1e6:.0f} us", f"{(copy + reduce) * 1e6:.0f} us"]
             rows.append(f"| {size >> 10} KiB | " + " | ".join(cells) + " |")
     finally:

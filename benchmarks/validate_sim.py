@@ -134,7 +134,8 @@ def report(title: str, table: list[dict], profile: costmodel.Profile, transport:
     print(f"| {'algorithm':<13}| {'size':>9} | {'measured (us)':>13} | {'predicted (us)':>14} | {'error':>7} |")
     print(f"|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 16}|{'-' * 9}|")
     for r in table:
-        print(f"| {r['algorithm']:<13}| {format_bytes(r['size']):>9} | {r['measured_us']:>13.0f} | {r['predicted_us']:>14.0f} "
+        print(f"| {r['algorithm']:<13}| {format_bytes(r['size']):>9} | {r['measured_us']:>13.0f} "
+              f"| {r['predicted_us']:>14.0f} "
               f"| {r['error'] * 100:>+6.1f}% |")
     worst = max(table, key=lambda r: abs(r["error"]))
     within = sum(abs(r["error"]) <= 0.2 for r in table)
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             if measured is not None:
                 rows, profile = measured
                 results["netns"] = compare(rows, profile, args.ranks, args.ranks, "tcp")
-                report(f"{args.ranks} namespaces, links capped at {args.rate}", results["netns"], profile, "tcp", "inter")
+                report(f"{args.ranks} namespaces, links capped at {args.rate}", results["netns"], profile, "tcp",
+                       "inter")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -189,7 +191,8 @@ def _local_transport() -> str:
 def _run(cmd: list[str], env: dict | None = None) -> None:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode:
-        raise RuntimeError(f"{' '.join(cmd[2:4])} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd[2:4])} failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ from types import ModuleType
 
 from . import algorithms, errors
 from .api import (
-    SHRINK_ABORT, SHRINK_DEFAULT, Agreement, agree, failed_ranks, grow_group, is_replacement, join_group, joiners_waiting, shrink_group, NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar, all_to_all_single,
+    SHRINK_ABORT, SHRINK_DEFAULT, Agreement, agree, failed_ranks, grow_group, is_replacement, join_group,
+    joiners_waiting, shrink_group, NonMember, all_gather, all_gather_into_tensor, all_reduce, all_reduce_scalar,
+    all_to_all_single,
     are_deterministic_algorithms_enabled, barrier, broadcast, default_group, destroy_process_group, gather,
     get_backend, get_local_rank, get_local_size, get_rank, get_topology, get_world_size, init_process_group, irecv,
     is_available, is_initialized, isend, new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
@@ -31,7 +33,8 @@ from .version import __version__ as __version__
 from .work import Work
 
 __all__ = [
-    "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "Revoked", "agree", "failed_ranks", "grow_group", "is_replacement", "join_group", "joiners_waiting", "shrink_group",
+    "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "Revoked", "agree", "failed_ranks", "grow_group",
+    "is_replacement", "join_group", "joiners_waiting", "shrink_group",
     "AllreduceError", "CommTimeout", "GroupBroken", "Mismatch", "NonMember", "PeerLost", "ProcessGroup",
     "ProtocolError", "ReduceOp", "RendezvousError", "Topology", "Work", "algorithms", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_reduce_scalar", "all_to_all_single",

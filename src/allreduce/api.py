@@ -26,7 +26,9 @@ from .world import (
 )
 
 __all__ = [
-    "BACKENDS", "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "agree", "failed_ranks", "grow_group", "is_replacement", "join_group", "joiners_waiting", "shrink_group", "Group", "NonMember", "Number", "Op", "Tensor", "Timeout", "all_gather", "all_gather_into_tensor",
+    "BACKENDS", "SHRINK_ABORT", "SHRINK_DEFAULT", "Agreement", "agree", "failed_ranks", "grow_group", "is_replacement",
+    "join_group", "joiners_waiting", "shrink_group", "Group", "NonMember", "Number", "Op", "Tensor", "Timeout",
+    "all_gather", "all_gather_into_tensor",
     "all_reduce", "all_reduce_scalar", "all_to_all_single", "are_deterministic_algorithms_enabled", "barrier",
     "broadcast", "default_group", "destroy_process_group", "gather", "get_backend", "get_local_rank",
     "get_local_size", "get_rank", "get_topology", "get_world_size", "init_process_group", "irecv", "is_available",

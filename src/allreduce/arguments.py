@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 # Named so that signatures say what they take (and type checkers see it).
 Tensor = Union[np.ndarray, "torch.Tensor"]  # a numpy array or a torch CPU tensor, read and written in place
-Op = Union[ReduceOp, int]  # a ReduceOp, or its value; torch's and mpi4py's ops are taken by name (ops.as_op)
-Timeout = Union[float, datetime.timedelta, None]  # seconds; None: the default group's, else DEFAULT_TIMEOUT
-Number = Union[int, float, complex]
+Op = ReduceOp | int  # a ReduceOp, or its value; torch's and mpi4py's ops are taken by name (ops.as_op)
+Timeout = float | datetime.timedelta | None  # seconds; None: the default group's, else DEFAULT_TIMEOUT
+Number = int | float | complex
 SizedT = TypeVar("SizedT", bound=Sized)
 
 # (op, dtype) -> the ReduceOp check_op returned: the hot path checks each pair once
@@ -84,7 +84,8 @@ def arrays_per_rank(tensors: Sequence[Tensor] | None, size: int, like: np.ndarra
     arrays = [as_array(t, f"{name}[{i}]", writable) for i, t in enumerate(one_per_rank(tensors, size, name))]
     for i, a in enumerate(arrays):
         if a.dtype != like.dtype or a.size != like.size:
-            raise ValueError(f"{name}[{i}] must match the tensor ({like.size} x {like.dtype}), got {a.size} x {a.dtype}")
+            raise ValueError(f"{name}[{i}] must match the tensor ({like.size} x {like.dtype}), "
+                             f"got {a.size} x {a.dtype}")
     return arrays
 
 

@@ -27,9 +27,11 @@ def as_array(x, what: str = "tensor", writable: bool = True) -> np.ndarray:
         try:
             arr = np.asarray(memoryview(x))
         except TypeError:
-            raise TypeError(f"{what} must be a numpy array, a torch CPU tensor or a buffer, got {type(x).__name__}") from None
+            raise TypeError(f"{what} must be a numpy array, a torch CPU tensor or a buffer, "
+                            f"got {type(x).__name__}") from None
     if not arr.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous (strides {arr.strides}); pass a contiguous copy and copy the result back")
+        raise ValueError(f"{what} must be C-contiguous (strides {arr.strides}); "
+                         "pass a contiguous copy and copy the result back")
     if writable and not arr.flags.writeable:
         raise ValueError(f"{what} is read-only; the collective writes its result in place")
     code_of(arr.dtype)

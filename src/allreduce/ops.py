@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

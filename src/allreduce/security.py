@@ -33,7 +33,7 @@ class Security:
     one_host: bool = False
 
     @classmethod
-    def of(cls, settings: Settings) -> "Security":
+    def of(cls, settings: Settings) -> Security:
         """What ``settings`` ask for.
 
         Raises:
@@ -47,7 +47,7 @@ class Security:
         """Whether a connection proves that its peer is of the job: by the job's secret or its CA."""
         return self.key != auth.PUBLIC_KEY or self.tls is not None
 
-    def among(self, hosts: int) -> "Security":
+    def among(self, hosts: int) -> Security:
         """This security for a group whose ranks run on ``hosts`` hosts."""
         return dataclasses.replace(self, one_host=hosts == 1)
 

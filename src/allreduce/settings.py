@@ -60,7 +60,7 @@ class Settings:
                              f"{', '.join(name for name, value in tls.items() if not value)} not set")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
         """The settings the environment gives; unset or empty variables keep their defaults.
 
         Raises:
@@ -69,7 +69,7 @@ class Settings:
         given = {field: environ[name] for name, field, _ in VARIABLES if environ.get(name)}
         return cls(**given)
 
-    def replace(self, **changes) -> "Settings":
+    def replace(self, **changes) -> Settings:
         """A copy with ``changes`` (field names) applied and checked."""
         return dataclasses.replace(self, **changes)
 

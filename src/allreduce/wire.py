@@ -173,5 +173,6 @@ def check(expected: Header, got: Header) -> None:
         return str(value)
 
     fields = ("kind", "collective", "seq", "count", "dtype", "op", "root", "algorithm", "step", "nbytes")
-    diffs = [f"{f} {show(got, f)} (expected {show(expected, f)})" for f in fields if getattr(got, f) != getattr(expected, f)]
+    diffs = [f"{f} {show(got, f)} (expected {show(expected, f)})"
+             for f in fields if getattr(got, f) != getattr(expected, f)]
     raise Mismatch("peer called a different collective or arguments: it sent " + ", ".join(diffs))

@@ -271,7 +271,8 @@ def test_plan_algorithms():
 
 def test_sweep_passes_the_algorithm():
     world = FakeWorld(1)
-    measuring.sweep(world.rank(0), BenchOptions(min_bytes=8, max_bytes=8, iters=1, warmup=0, algorithms=("auto", "ring")))
+    options = BenchOptions(min_bytes=8, max_bytes=8, iters=1, warmup=0, algorithms=("auto", "ring"))
+    measuring.sweep(world.rank(0), options)
     assert ("all_reduce", "ring") in world.calls and ("all_reduce", "auto") in world.calls
 
 
@@ -303,7 +304,8 @@ def test_bench_end_to_end(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(_api_missing(), reason="allreduce.api cannot be imported: bench needs the collective API")
 @pytest.mark.parametrize("env, engines", [
-    ({"ALLREDUCE_ENGINE": "python"}, "lines python (ALLREDUCE_ENGINE=python), schedules python (ALLREDUCE_ENGINE=python)"),
+    ({"ALLREDUCE_ENGINE": "python"},
+     "lines python (ALLREDUCE_ENGINE=python), schedules python (ALLREDUCE_ENGINE=python)"),
     ({"ALLREDUCE_ENGINE": "native"}, "lines native (compiled), schedules python (the links are not all plain TCP)"),
     ({"ALLREDUCE_ENGINE": "native", "ALLREDUCE_TRANSPORT": "tcp"},
      "lines none (no shared-memory lines in this group), schedules native (compiled; every link plain TCP)"),
@@ -312,6 +314,7 @@ def test_bench_says_which_engines_ran(env, engines):
     if env["ALLREDUCE_ENGINE"] == "native" and native.load("lines")[0] is None:
         pytest.skip("the compiled engine is not built here")
     proc = subprocess.run([sys.executable, "-m", "allreduce", "bench", "-n", "2", "-b", "8", "-e", "8", "--iters", "1"],
-                          env={**os.environ, "PYTHONPATH": str(SRC), **env}, capture_output=True, text=True, timeout=100)
+                          env={**os.environ, "PYTHONPATH": str(SRC), **env}, capture_output=True, text=True,
+                          timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"# engine: {engines}\n" in proc.stdout

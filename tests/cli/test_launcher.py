@@ -126,7 +126,7 @@ def test_output_lines_are_tagged():
     proc = _run("-n", "2", "--", sys.executable, "-c", script)
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
-        assert [l for l in proc.stdout.splitlines() if l.startswith(f"[{rank}] ")] == [
+        assert [line for line in proc.stdout.splitlines() if line.startswith(f"[{rank}] ")] == [
             f"[{rank}] out {rank}", f"[{rank}] two", f"[{rank}] tail"]
         assert f"[{rank}] err {rank}" in proc.stderr.splitlines()
     untagged = _run("-n", "2", "--no-tag-output", "--", sys.executable, "-c", script)

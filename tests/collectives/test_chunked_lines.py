@@ -18,7 +18,8 @@ from allreduce.dtypes import SUPPORTED
 from allreduce.ops import allowed_ops
 from allreduce.transport import shm
 
-pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"), engines.BOTH]
+pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"),
+              engines.BOTH]
 
 AT_ONCE, CHUNK, MOST = 256, 320, 64 << 10  # bytes: one round, a line's chunk, chunks at most
 SMALL = {"ALLREDUCE_TRANSPORT": "shm", "ALLREDUCE_SHM_LINE_MAX": str(AT_ONCE),
@@ -39,7 +40,8 @@ def _every_dtype_and_op(rank, size):
             for count in counts(dtype, size):
                 failures += reduction_misses(rank, size, dtype, op, count)
     float64 = np.dtype(np.float64)
-    chosen = {dist.default_group().algorithm_for("all_reduce", None, count * 8, float64) for count in counts(float64, size)}
+    group = dist.default_group()
+    chosen = {group.algorithm_for("all_reduce", None, count * 8, float64) for count in counts(float64, size)}
     if "chunked_lines" not in chosen:
         failures.append(f"no call took the lines in chunks: {chosen}")
     return failures

@@ -141,7 +141,8 @@ _NAMESPACE_WORKER = textwrap.dedent("""
         ok = ok and bool(np.array_equal(x, np.arange(count, dtype=np.float64) * size * (size + 1) / 2))
     topo = dist.get_topology()
     print(json.dumps({"ok": ok, "hosts": topo.hosts, "local_rank": topo.local_rank, "cross_rank": topo.cross_rank,
-                      "intra": group.intra, "chosen": group.algorithm_for("all_reduce", None, 1 << 20, np.dtype("f8"))}))
+                      "intra": group.intra,
+                      "chosen": group.algorithm_for("all_reduce", None, 1 << 20, np.dtype("f8"))}))
     dist.destroy_process_group()
 """)
 

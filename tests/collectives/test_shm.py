@@ -117,7 +117,7 @@ def _registered(rank, size):
     count = (1 << 20) + 5
     inputs = [make_input(np.float32, count, r) for r in range(size)]
     ok, mapped = True, 0
-    for round in range(3):  # new buffers each round: peers map each, and unmap it once it is freed
+    for _round in range(3):  # new buffers each round: peers map each, and unmap it once it is freed
         x = dist.empty(count, np.float32)
         x[:] = inputs[rank]
         dist.all_reduce(x, algorithm="direct")

@@ -21,7 +21,8 @@ from allreduce.dtypes import SUPPORTED
 from allreduce.ops import ReduceOp, allowed_ops
 from allreduce.transport import shm
 
-pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"), engines.BOTH]
+pytestmark = [pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64"),
+              engines.BOTH]
 
 SHM = {"ALLREDUCE_TRANSPORT": "shm"}
 LINE = shm.ShmOptions().line_max  # bytes per rank that take the lines

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 EPOCHS, BATCHES, KILL_AT = 2, 6, (0, 3)  # the victim dies in epoch 0, before batch 3's gradients
 REGROWN_AT = (1, 0)  # with --max-np: the others wait there, committing, until the replacement is in
 
-COMMON = textwrap.dedent(f"""
+COMMON = textwrap.dedent("""
     import torch
 
     def batch(step, rank):

@@ -306,7 +306,10 @@ def _fuzz_store(port: int, stop, out) -> None:
     out.put((dict(tried), failures))
 
 
-def test_store_port_junk_while_a_job_runs():
+@pytest.fixture(scope="module")
+def store_fuzzed():
+    """Junk at the store port while a job of 3 ranks runs: (tries by kind, the fuzzer's failures, the ranks'
+    results); once per module, for the test of the job and the test of the menus."""
     # The fuzzer is a process forked before the ranks: a thread of ours alive while they fork could
     # leave them a lock it held (the import lock, say) that nobody would ever release.
     port = free_port()
@@ -322,9 +325,14 @@ def test_store_port_junk_while_a_job_runs():
         tried, failures = out.get(timeout=30)
         fuzzer.join(10)
     FRAMES.update({f"store port: {k}": v for k, v in tried.items()})
+    return tried, failures, results
+
+
+def test_store_port_junk_while_a_job_runs(store_fuzzed):
+    tried, failures, results = store_fuzzed
     assert not failures, failures[:5]
     assert sum(tried.values()) > 100, tried
-    for calls, wrong, pwned, growth in results:
+    for _calls, wrong, pwned, _growth in results:
         assert wrong == 0 and not pwned
     assert results[0][3] < 8 << 20, f"store host grew by {results[0][3] >> 20} MiB"
 
@@ -333,7 +341,9 @@ PEER_JUNK = ("random bytes", "truncated hello", "hello for another group", "hell
              "hello from an impossible rank", "hello, wrong secret", "hello, random response")
 
 
-def test_peer_port_junk_while_the_group_forms():
+@pytest.fixture(scope="module")
+def peer_fuzzed():
+    """Junk at rank 0's peer port while a group of 4 forms: (tries by kind, the ranks whose transport formed)."""
     store = HashStore(timeout=20)
     size, rng = 4, random.Random(3)
     transports = {}
@@ -388,24 +398,27 @@ def test_peer_port_junk_while_the_group_forms():
     for t in [zero, *others]:
         t.join(20)
     FRAMES.update({f"peer port: {k}": v for k, v in kinds.items()})
-    assert sorted(transports) == list(range(size))
     for transport in transports.values():
         transport.close()
+    return kinds, sorted(transports)
+
+
+def test_peer_port_junk_while_the_group_forms(peer_fuzzed):
+    _, formed = peer_fuzzed
+    assert formed == [0, 1, 2, 3]
 
 
 MENUS = {"store port": (*JUNK, "silent connection", "genuine client (recorded for replay)"),
          "peer port": PEER_JUNK}  # what the live tests mean to try, by the port they feed
 
 
-def test_every_kind_of_junk_was_tried_and_the_counts_are_reported(capsys):
-    """Each live test above that ran tried every kind on its menu (a kind never sent tests nothing);
-    the counts of everything fuzzed are printed."""
+def test_every_kind_of_junk_was_tried_and_the_counts_are_reported(capsys, store_fuzzed, peer_fuzzed):
+    """Each live fuzzer tried every kind on its menu (a kind never sent tests nothing); the counts of
+    everything fuzzed in this session are printed (the live fuzzers run here if no test ran them yet)."""
+    tried = {"store port": store_fuzzed[0], "peer port": peer_fuzzed[0]}
     with capsys.disabled():
         print(f"\nfuzzed frames: {sum(FRAMES.values())} in all")
         for kind, count in sorted(FRAMES.items()):
             print(f"  {count:6d}  {kind}")
-    ran = {kind.split(": ")[0] for kind in FRAMES} & set(MENUS)
-    if not ran:
-        pytest.skip("no live fuzz test ran before this one")
-    untried = [f"{port}: {kind}" for port in sorted(ran) for kind in MENUS[port] if not FRAMES[f"{port}: {kind}"]]
+    untried = [f"{port}: {kind}" for port, menu in MENUS.items() for kind in menu if not tried[port].get(kind)]
     assert untried == [], f"never tried: {untried}"

@@ -50,9 +50,11 @@ SCRIPT = textwrap.dedent("""
 def _run(tmp_path, *flags, script_args=()):
     script = tmp_path / "loop.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("ALLREDUCE_")}
-    return subprocess.run([sys.executable, "-m", "allreduce", "run", "-n", "4", *flags, "--", sys.executable, str(script),
-                           *script_args], env={**env, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("ALLREDUCE_")}
+    command = [sys.executable, "-m", "allreduce", "run", "-n", "4", *flags, "--", sys.executable, str(script),
+               *script_args]
+    return subprocess.run(command, env={**env, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=120)
 
 
 def _done(run) -> list[str]:

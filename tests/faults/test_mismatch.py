@@ -91,7 +91,7 @@ def plan(rank: int):
 
 def _every_case(rank, size):
     outcomes = {}
-    for name, words, calls in plan(rank):
+    for name, _words, calls in plan(rank):
         group = dist.new_group(list(range(size)), timeout=2.0)
         start = time.monotonic()
         where = "call"

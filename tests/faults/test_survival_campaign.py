@@ -130,7 +130,7 @@ def campaign(kills: int, seed: int = 0) -> dict:
         tally["survivors with a clear error"] += len(clear)
         tally[f"errors in {phase} trials"] += len(clear)
         tally["other outcomes"] += len(alive) - len(finished) - len(clear)  # another exception, a crash
-        for _, ids, checked in finished:
+        for _, _ids, checked in finished:
             steps = [c for c in checked if c[0] >= 0]
             recoveries += [c[1] for c in checked if c[0] == -1]
             if not all(ok for _, _, ok in steps) or sorted({s for s, _, _ in steps}) != list(range(STEPS)):

@@ -46,9 +46,11 @@ def under_allreduce_run() -> str:
 
 def test_allreduce_run_and_srun_variables_give_one_digest():
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([sys.executable, SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True,
                               env=clean_env(SLURM_PROCID=str(r), SLURM_NTASKS=str(RANKS), SLURM_LOCALID=str(r),
-                                            SLURM_NTASKS_PER_NODE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+                                            SLURM_NTASKS_PER_NODE=str(RANKS), MASTER_ADDR="127.0.0.1",
+                                            MASTER_PORT=port))
              for r in range(RANKS)]
     outputs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0] * RANKS, outputs

@@ -168,7 +168,8 @@ def test_two_lanes_of_floats_are_a_complex_as_mpi4py_reads_them():
     values = (np.arange(3) + 1j * np.arange(3, 6)).astype(np.clongdouble)
     tensor = EditableDLPack(values.view(np.uint8), np.uint8)
     tensor.shape[0] = 3
-    tensor.managed.tensor.code, tensor.managed.tensor.bits, tensor.managed.tensor.lanes = 2, 8 * np.dtype("g").itemsize, 2
+    described = tensor.managed.tensor
+    described.code, described.bits, described.lanes = 2, 8 * np.dtype("g").itemsize, 2
     got = np.zeros(3, np.clongdouble)
     MPI.COMM_SELF.Allreduce(tensor, got, MPI.SUM)  # datatypes of both buffers must match
     assert np.array_equal(got, values)
@@ -196,7 +197,7 @@ def test_malformed_dlpack_descriptions_raise_buffer_errors():
         sendrecv(EditableDLPack([1, 2]), readonly)
     for device, error in ((lambda: None, TypeError), (lambda: (1,), ValueError), (lambda: (1, None), TypeError)):
         with pytest.raises(error):
-            MPI.Get_address(edited(lambda m: setattr(m, "__dlpack_device__", device)))
+            MPI.Get_address(edited(lambda m: setattr(m, "__dlpack_device__", device)))  # noqa: B023 - called within this iteration
 
 
 def test_one_capsule_is_read_as_often_as_it_lives_and_a_used_one_is_refused():

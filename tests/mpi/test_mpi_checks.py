@@ -26,7 +26,8 @@ def uneven_dtypes(rank, size):
         "Alltoallv": lambda: comm.Alltoallv([np.ones(size, dtype), [1] * size], [np.zeros(size, dtype), [1] * size]),
         "Allgatherv": lambda: comm.Allgatherv(np.ones(1, dtype), [np.zeros(size, dtype), [1] * size]),
         "Gatherv": lambda: comm.Gatherv(np.ones(1, dtype), [np.zeros(size, dtype), [1] * size] if rank == 0 else None),
-        "Scatterv": lambda: comm.Scatterv([np.ones(size, dtype), [1] * size] if rank == 0 else None, np.zeros(1, dtype)),
+        "Scatterv": lambda: comm.Scatterv([np.ones(size, dtype), [1] * size] if rank == 0 else None,
+                                          np.zeros(1, dtype)),
         "all_to_all_single": lambda: allreduce.all_to_all_single(np.zeros(size, dtype), np.ones(size, dtype),
                                                                   [1] * size, [1] * size),
     }

@@ -99,7 +99,7 @@ def test_requests_are_null_once_complete_and_arrays_fill_statuses():
     assert MPI.Request.Testany(requests) == (MPI.UNDEFINED, True)
     sending = MPI.COMM_SELF.Isend(np.ones(2), dest=0, tag=1)
     receiving = MPI.COMM_SELF.Irecv(got := np.zeros(2), source=0, tag=1)
-    index = MPI.Request.Waitany([receiving, sending], status := MPI.Status())
+    index = MPI.Request.Waitany([receiving, sending], MPI.Status())
     assert index in (0, 1) and MPI.Request.Waitall([receiving, sending]) and got.tolist() == [1.0, 1.0]
     with pytest.raises(MPI.Exception) as caught:
         MPI.REQUEST_NULL.Free()

@@ -126,7 +126,8 @@ def bad_root(rank, size):
             got.append(exc.Get_error_class())
     refused = []
     for call in (lambda: MPI.COMM_WORLD.Gatherv(np.zeros(1), [np.zeros(1), [5] * size] if rank == 0 else None),
-                 lambda: MPI.COMM_WORLD.Alltoallv([np.zeros(size), [1] * size], [np.zeros(size), [5 if rank == 0 else 1] * size])):
+                 lambda: MPI.COMM_WORLD.Alltoallv([np.zeros(size), [1] * size],
+                                                  [np.zeros(size), [5 if rank == 0 else 1] * size])):
         try:  # rank 0's counts do not fit its buffer: every rank raises, none waits
             call()
             refused.append(None)

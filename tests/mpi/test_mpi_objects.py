@@ -57,7 +57,8 @@ def test_object_methods_follow_mpi4py(size):
         assert got["alltoall"] == [(r, rank, "z" * rank) for r in range(size)]
         odd = size > 1
         assert got["allreduce"] == [size * (size + 1) // 2, list(range(size)), (int(odd), 1 if odd else 0), (0, 0),
-                                    size - 1, functools.reduce(lambda a, b: bool(a) != bool(b), [r % 2 for r in range(size)])]
+                                    size - 1,
+                                    functools.reduce(lambda a, b: bool(a) != bool(b), [r % 2 for r in range(size)])]
         assert got["reduce"] == (order if rank == size - 1 else None)
         assert got["scan"] == order[:rank + 1]
         assert got["exscan"] == (None if rank == 0 else functools.reduce(lambda a, b: a * b, range(1, rank + 1)))

@@ -37,7 +37,8 @@ def pickled_messages_between_ranks(rank, size):
     root_bytes = bytes(range(5)) if rank == 0 else bytearray(5)
     comm.Bcast((root_bytes, 5, MPI.BYTE), root=0)
     return {"got": [got["from"], got["array"].tolist()], "bcast": list(root_bytes),
-            "tags": [tag, MPI._commctx_intra(comm)[1]], "none": [comm.scatter(None, root=size - 1), comm.alltoall(None)]}
+            "tags": [tag, MPI._commctx_intra(comm)[1]],
+            "none": [comm.scatter(None, root=size - 1), comm.alltoall(None)]}
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

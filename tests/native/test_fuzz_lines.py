@@ -92,5 +92,6 @@ def test_no_line_contents_crash_the_reader():
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status), f"the reader crashed: {status} (signal {os.WTERMSIG(status) if os.WIFSIGNALED(status) else '-'})"
+    signal = os.WTERMSIG(status) if os.WIFSIGNALED(status) else "-"
+    assert os.WIFEXITED(status), f"the reader crashed: {status} (signal {signal})"
     assert os.WEXITSTATUS(status) == 0, "a round ended in an unexpected state (run _fuzz in-process to see it)"

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import engines
 from support.harness import free_port, run_ranks
 from support.matrices import all_reduce_matrix, block_matrix, rooted_matrix
 
@@ -85,13 +84,109 @@ def _plan(words, fds=(-1, 0), buffers=4):
     return tcp.Plan(list(fds), program, HEADER, buffers, 4, 0, 11, lambda *a: None)
 
 
-@settings(max_examples=2000, deadline=None)
-@given(st.lists(st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1), max_size=40))
-def test_malformed_programs_are_refused(words):
+MALFORMED = "Plan: malformed program (a value out of range, or a peer without a link)"
+LINKS = (False, True)  # _plan's fds: rank 0 is this one (no link), rank 1 has one
+BIG = (2**63 - 1) // 2  # a span's offset or length at most
+
+
+def _well_formed(words: list[int], buffers: int = 4) -> bool:
+    """Whether ``words`` is a program as engines/native_tcp.py writes it, read here apart from the C reader:
+    steps (each its index and its copies, sends and receives), every value in range, every peer linked."""
+    words = iter(words)
+
+    def take(low: int, high: int) -> int:
+        value = next(words, None)
+        if value is None or not low <= value <= high:
+            raise ValueError
+        return value
+
+    def span(optional: bool = False) -> int:  # the buffer; -1 for none where optional
+        buffer = take(-1 if optional else 0, buffers - 1)
+        take(0, BIG)
+        return buffer
+
     try:
-        _plan(words)
+        for _ in range(take(0, 1 << 20)):
+            take(0, 2**32 - 1)
+            copies, sends, recvs = take(0, 1 << 16), take(0, 1 << 16), take(0, 1 << 16)
+            for _ in range(copies):
+                span(), span(), take(0, BIG), span(optional=True)
+            for _ in range(sends):
+                peer, _, _ = take(0, len(LINKS) - 1), span(), take(0, BIG)
+                if not LINKS[peer]:
+                    return False
+            for _ in range(recvs):
+                peer, _, _, into = take(0, len(LINKS) - 1), span(), take(0, BIG), span(optional=True)
+                stage, _ = take(-1, buffers - 1), take(0, 1)
+                if not LINKS[peer] or (into >= 0 and stage < 0):  # a reducing receive needs a stage
+                    return False
     except ValueError:
-        pass
+        return False
+    return next(words, None) is None
+
+
+@pytest.mark.parametrize("words", [
+    [],  # not even a step count
+    [-1],  # a negative step count
+    [1, 0, 0],  # a step cut short
+    [0, 7],  # a word after the last step
+    [1, 0, 1, 0, 0, 4, 0, 1, 0, 8, -1, 0],  # a copy from buffer 4 of 4
+    [1, 0, 0, 1, 0, 0, 0, 0, 8],  # a send to this rank, which has no link
+    [1, 0, 0, 1, 0, 2, 0, 0, 8],  # a send to rank 2 of 2
+    [1, 0, 0, 0, 1, 1, 0, 0, 8, 1, 0, -1, 0],  # a receive reduced into buffer 1 with no stage
+    [1, 0, 0, 0, 1, 1, 0, 0, 8, -1, 0, -1, 2],  # a receive's "later" flag of 2
+])
+def test_malformed_programs_are_refused_saying_so(words):
+    assert not _well_formed(words)
+    with pytest.raises(ValueError) as refused:
+        _plan(words)
+    assert str(refused.value) == MALFORMED
+
+
+@pytest.mark.parametrize("words", [
+    [0],
+    [1, 0, 1, 0, 0, 0, 0, 1, 0, 8, -1, 0],  # copy 8 bytes of buffer 0 into buffer 1
+    [1, 0, 0, 1, 0, 1, 0, 0, 8],  # send 8 bytes to rank 1
+    [1, 0, 0, 0, 1, 1, 0, 0, 8, 1, 0, 3, 0],  # receive 8 bytes from rank 1, reduced into buffer 1 through 3
+])
+def test_well_formed_programs_are_planned(words):
+    assert _well_formed(words)
+    assert isinstance(_plan(words), tcp.Plan)
+
+
+def _flat(steps) -> list[int]:
+    words = [len(steps)]
+    for index, copies, sends, recvs in steps:
+        words += [index, len(copies), len(sends), len(recvs)]
+        for op in copies + sends + recvs:
+            words += [w for part in op for w in (part if isinstance(part, tuple) else (part,))]
+    return words
+
+
+_span = st.tuples(st.integers(0, 3), st.integers(0, 64))
+_copy = st.tuples(_span, _span, st.integers(0, 64), st.tuples(st.integers(-1, 3), st.integers(0, 64)))
+_send = st.tuples(st.just(1), _span, st.integers(0, 64))
+_recv = st.tuples(st.just(1), _span, st.integers(0, 64), st.tuples(st.just(-1), st.integers(0, 64)),
+                  st.integers(-1, 3), st.integers(0, 1))
+_step = st.tuples(st.integers(0, 9), st.lists(_copy, max_size=2), st.lists(_send, max_size=2),
+                  st.lists(_recv, max_size=2))
+# programs as engines/native_tcp.py writes them, and the same with one word changed or one dropped
+_programs = st.lists(_step, max_size=3).map(_flat)
+_changed = st.tuples(_programs, st.integers(0, 200), st.integers(-3, 70) | st.none()).map(
+    lambda p: p[0][:p[1] % len(p[0])] + ([] if p[2] is None else [p[2]]) + p[0][p[1] % len(p[0]) + 1:])
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1), max_size=40) | _programs | _changed)
+def test_any_program_is_planned_or_refused_as_its_layout_says(words):
+    try:
+        plan = _plan(words)
+    except ValueError as exc:
+        assert str(exc) == MALFORMED
+        assert not _well_formed(words), words
+    else:
+        assert isinstance(plan, tcp.Plan)
+        assert _well_formed(words), words
 
 
 def test_runs_refuse_buffers_smaller_than_their_spans_or_read_only():
@@ -267,7 +362,7 @@ def test_failures_read_the_same_on_both_engines(scenario, size):
 def test_a_rank_that_exits_on_its_error_has_told_its_peers(engine):
     outcomes = _failure(_mismatch_then_exit, 3, engine)
     assert outcomes[0] == ("killed", 7)
-    for kind, name, message in outcomes[1:]:
+    for _kind, name, message in outcomes[1:]:
         assert name == "Mismatch" and "rank 0 aborted: Mismatch" in message, outcomes
 
 

@@ -108,7 +108,8 @@ def test_a_secret_or_tls_proves_membership_and_one_host_trusts_uids():
     assert not Security().proven and Security(b"abc").among(1).proven
     assert Security().among(1).one_host and not Security().among(2).one_host
     assert security.trusted(Settings(), 1) and not security.trusted(Settings(), 2)
-    assert security.trusted(Settings(secret="abc"), 2) and security.trusted(Settings(tls_cert="c", tls_key="k", tls_ca="ca"), 2)
+    assert security.trusted(Settings(secret="abc"), 2)
+    assert security.trusted(Settings(tls_cert="c", tls_key="k", tls_ca="ca"), 2)
 
 
 def test_key_comes_from_the_environment_with_a_public_fallback():
@@ -222,7 +223,8 @@ def test_peer_link_with_another_secret_is_refused_and_the_group_forms_without_it
     zero = threading.Thread(target=rank, args=(0,))
     zero.start()
     with pytest.raises(RendezvousError, match="could not authenticate with rank 0.*ALLREDUCE_SECRET"):
-        mesh.dial(tcp.TcpPeering(1, 2, "127.0.0.1", "default", Security(b"not the key")), store, 0, time.monotonic() + 5)
+        peering = tcp.TcpPeering(1, 2, "127.0.0.1", "default", Security(b"not the key"))
+        mesh.dial(peering, store, 0, time.monotonic() + 5)
     rank(1)
     zero.join(10)
     assert sorted(done) == [0, 1]

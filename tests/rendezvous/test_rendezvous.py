@@ -22,7 +22,7 @@ import allreduce.rendezvous as rdv
 from allreduce import auth
 from allreduce.errors import CommTimeout, PeerLost, ProtocolError, RendezvousError
 from allreduce.rendezvous import FileStore, HashStore, TCPStore, from_environment, rendezvous
-from allreduce.rendezvous import storewire as wire
+from allreduce.rendezvous import storewire
 from allreduce.rendezvous.storeserver import HANDSHAKE_CONTEXT
 from allreduce.settings import DEFAULT_TIMEOUT
 from support.harness import free_port
@@ -77,23 +77,23 @@ def store(request, tmp_path):
 # --- storewire: pure encode/decode ------------------------------------------------------------
 
 keys = st.text(min_size=1, max_size=12)
-millis = st.integers(0, wire.MAX_TIMEOUT_MS)
+millis = st.integers(0, storewire.MAX_TIMEOUT_MS)
 key_lists = st.lists(keys, max_size=4).map(tuple)
 requests = st.one_of(
-    st.builds(wire.Set, keys, st.binary(max_size=40)),
-    st.builds(wire.Get, keys, millis),
-    st.builds(wire.Add, keys, st.integers(wire.I64_MIN, wire.I64_MAX)),
-    st.builds(wire.Wait, key_lists, millis),
-    st.builds(wire.Check, key_lists),
-    st.builds(wire.Delete, keys),
+    st.builds(storewire.Set, keys, st.binary(max_size=40)),
+    st.builds(storewire.Get, keys, millis),
+    st.builds(storewire.Add, keys, st.integers(storewire.I64_MIN, storewire.I64_MAX)),
+    st.builds(storewire.Wait, key_lists, millis),
+    st.builds(storewire.Check, key_lists),
+    st.builds(storewire.Delete, keys),
 )
 responses = st.one_of(
-    st.just(wire.Ok()),
-    st.builds(wire.Value, st.binary(max_size=40)),
-    st.builds(wire.Count, st.integers(wire.I64_MIN, wire.I64_MAX)),
-    st.builds(wire.Flag, st.booleans()),
-    st.builds(wire.TimedOut, key_lists),
-    st.builds(wire.Failed, st.text(max_size=20)),
+    st.just(storewire.Ok()),
+    st.builds(storewire.Value, st.binary(max_size=40)),
+    st.builds(storewire.Count, st.integers(storewire.I64_MIN, storewire.I64_MAX)),
+    st.builds(storewire.Flag, st.booleans()),
+    st.builds(storewire.TimedOut, key_lists),
+    st.builds(storewire.Failed, st.text(max_size=20)),
 )
 
 
@@ -105,18 +105,19 @@ def feed_in_pieces(decoder, stream: bytes, cuts: list[int]) -> list:
     return out
 
 
-@pytest.mark.parametrize("kind, decoder", [(requests, wire.RequestDecoder), (responses, wire.ResponseDecoder)],
+@pytest.mark.parametrize("kind, decoder",
+                         [(requests, storewire.RequestDecoder), (responses, storewire.ResponseDecoder)],
                          ids=["requests", "responses"])
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_messages_round_trip_through_any_split(kind, decoder, data):
     messages = data.draw(st.lists(kind, max_size=6))
-    stream = b"".join(wire.encode(m) for m in messages)
+    stream = b"".join(storewire.encode(m) for m in messages)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8))
     assert feed_in_pieces(decoder(), stream, cuts) == messages
 
 
-header_prefixes = st.sampled_from([b"", wire.MAGIC, wire.MAGIC + bytes([wire.VERSION])])
+header_prefixes = st.sampled_from([b"", storewire.MAGIC, storewire.MAGIC + bytes([storewire.VERSION])])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -124,63 +125,63 @@ header_prefixes = st.sampled_from([b"", wire.MAGIC, wire.MAGIC + bytes([wire.VER
 def test_garbage_raises_only_protocol_error(prefix, noise, data):
     stream = prefix + noise
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=4))
-    for decoder in (wire.RequestDecoder(), wire.ResponseDecoder()):
+    for decoder in (storewire.RequestDecoder(), storewire.ResponseDecoder()):
         try:
             feed_in_pieces(decoder, stream, cuts)
         except ProtocolError:
             with pytest.raises(ProtocolError):  # a failed decoder stays failed
-                decoder.feed(wire.encode(wire.Delete("k")))
+                decoder.feed(storewire.encode(storewire.Delete("k")))
 
 
 @settings(max_examples=200, deadline=None)
 @given(requests, st.data())
 def test_corrupted_frames_raise_only_protocol_error(message, data):
-    frame = bytearray(wire.encode(message))
+    frame = bytearray(storewire.encode(message))
     at = data.draw(st.integers(0, len(frame) - 1))
     frame[at] = data.draw(st.integers(0, 255))
     try:
-        wire.RequestDecoder().feed(bytes(frame))
+        storewire.RequestDecoder().feed(bytes(frame))
     except ProtocolError:
         pass
 
 
-def header(code: int, size: int, magic: bytes = wire.MAGIC, version: int = wire.VERSION) -> bytes:
+def header(code: int, size: int, magic: bytes = storewire.MAGIC, version: int = storewire.VERSION) -> bytes:
     return struct.pack("!4sBBI", magic, version, code, size)
 
 
 @pytest.mark.parametrize("frame, words", [
     (b"GET / HTTP/1.1\r\n", "not"),
-    (header(wire.Get.code, 6, version=9), "version"),
+    (header(storewire.Get.code, 6, version=9), "version"),
     (header(77, 0), "unknown code"),
-    (header(wire.Set.code, wire.MAX_BODY + 1), "limit"),
-    (header(wire.Delete.code, 3) + b"\x00\x00x", "key of 0 bytes"),
-    (header(wire.Delete.code, 4) + b"\x00\x02\xff\xfe", "UTF-8"),
-    (header(wire.Delete.code, 4) + b"\x00\x01ab", "past its fields"),
-    (header(wire.Get.code, 3) + b"\x00\x01a", "truncated"),
+    (header(storewire.Set.code, storewire.MAX_BODY + 1), "limit"),
+    (header(storewire.Delete.code, 3) + b"\x00\x00x", "key of 0 bytes"),
+    (header(storewire.Delete.code, 4) + b"\x00\x02\xff\xfe", "UTF-8"),
+    (header(storewire.Delete.code, 4) + b"\x00\x01ab", "past its fields"),
+    (header(storewire.Get.code, 3) + b"\x00\x01a", "truncated"),
 ])
 def test_decoder_names_the_fault(frame, words):
     with pytest.raises(ProtocolError, match=words):
-        wire.RequestDecoder().feed(frame)
+        storewire.RequestDecoder().feed(frame)
 
 
 def test_oversized_frame_is_refused_at_its_header():
-    decoder = wire.RequestDecoder()
+    decoder = storewire.RequestDecoder()
     with pytest.raises(ProtocolError, match="limit"):
-        decoder.feed(header(wire.Set.code, 2**32 - 1))
+        decoder.feed(header(storewire.Set.code, 2**32 - 1))
 
 
 def test_flag_must_be_zero_or_one():
     with pytest.raises(ProtocolError, match="Flag"):
-        wire.ResponseDecoder().feed(header(wire.Flag.code, 1) + b"\x02")
+        storewire.ResponseDecoder().feed(header(storewire.Flag.code, 1) + b"\x02")
 
 
 def test_encode_refuses_what_the_decoder_would():
     with pytest.raises(ValueError, match="key"):
-        wire.encode(wire.Delete("k" * (wire.MAX_KEY + 1)))
+        storewire.encode(storewire.Delete("k" * (storewire.MAX_KEY + 1)))
     with pytest.raises(ValueError, match="key"):
-        wire.encode(wire.Delete(""))
+        storewire.encode(storewire.Delete(""))
     with pytest.raises(ValueError, match="limit"):
-        wire.encode(wire.Set("k", bytes(wire.MAX_BODY)))
+        storewire.encode(storewire.Set("k", bytes(storewire.MAX_BODY)))
 
 
 # --- store semantics, on every store ------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_add_counts_from_zero(store):
     store.set("text", b"abc")
     with pytest.raises(ValueError, match="not a counter"):
         store.add("text", 1)
-    store.set("big", str(wire.I64_MAX).encode())
+    store.set("big", str(storewire.I64_MAX).encode())
     with pytest.raises(ValueError, match="overflow"):
         store.add("big", 1)
 
@@ -295,7 +296,7 @@ def test_large_values(store):
     store.set("big", value)
     assert store.get("big") == value
     with pytest.raises(ValueError, match="limit"):
-        store.set("huge", bytes(wire.MAX_VALUE + 1))
+        store.set("huge", bytes(storewire.MAX_VALUE + 1))
 
 
 # --- the TCP store ---------------------------------------------------------------------------
@@ -336,10 +337,10 @@ def raw(port: int) -> socket.socket:
 
 @pytest.mark.parametrize("frames", [
     [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"],
-    [header(wire.Set.code, wire.MAX_BODY + 1)],
-    [header(wire.Get.code, 7, version=2) + b"\x00\x01a" + bytes(4)],
-    [header(wire.Delete.code, 4) + b"\x00\x09ab"],
-    [wire.encode(wire.Get("never", 60_000))] * 80,  # too many requests ahead of their answers
+    [header(storewire.Set.code, storewire.MAX_BODY + 1)],
+    [header(storewire.Get.code, 7, version=2) + b"\x00\x01a" + bytes(4)],
+    [header(storewire.Delete.code, 4) + b"\x00\x09ab"],
+    [storewire.encode(storewire.Get("never", 60_000))] * 80,  # too many requests ahead of their answers
 ])
 def test_server_drops_only_the_offending_connection(server, frames):
     parked = threading.Thread(target=lambda: server.get("released", timeout=5))
@@ -355,16 +356,16 @@ def test_server_drops_only_the_offending_connection(server, frames):
 
 def test_server_survives_truncated_frames_and_abrupt_close(server):
     with raw(server.port) as sock:
-        sock.sendall(header(wire.Set.code, 100) + b"\x00\x01k")
+        sock.sendall(header(storewire.Set.code, 100) + b"\x00\x01k")
     with raw(server.port) as sock:
-        sock.sendall(wire.encode(wire.Get("parked", 60_000)))
+        sock.sendall(storewire.encode(storewire.Get("parked", 60_000)))
     with raw(server.port) as sock:
-        sock.sendall(wire.encode(wire.Set("k", b"v")) + wire.encode(wire.Get("k", 0)))
-        decoder = wire.ResponseDecoder()
+        sock.sendall(storewire.encode(storewire.Set("k", b"v")) + storewire.encode(storewire.Get("k", 0)))
+        decoder = storewire.ResponseDecoder()
         answers: list = []
         while len(answers) < 2:
             answers += decoder.feed(sock.recv(100))
-        assert answers == [wire.Ok(), wire.Value(b"v")]
+        assert answers == [storewire.Ok(), storewire.Value(b"v")]
     assert server.get("k") == b"v"
 
 

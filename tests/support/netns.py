@@ -56,7 +56,7 @@ class Testbed:
         self._procs: list[subprocess.Popen] = []
         self._made: list[list[str]] = []  # undo commands, run in reverse
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         try:
             self._build()
         except BaseException:

@@ -41,7 +41,7 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 from torch.testing._internal.distributed import distributed_test  # noqa: E402
 
 if BACKEND != "gloo":
-    import allreduce.torch  # noqa: F401,E402  (registers the backend; torch's autoload does too)
+    import allreduce.torch  # noqa: F401  (registers the backend; torch's autoload does too)
 
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add(BACKEND)
@@ -68,7 +68,8 @@ SKIPPED = {
 CI_SELECTION = [
     "test_all_reduce_sum", "test_sparse_all_reduce_sum", "test_all_reduce_coalesced_max", "test_broadcast",
     "test_all_gather_coalesced_simple", "test_gather", "test_scatter", "test_batch_isend_irecv_gloo", "test_get_future",
-    "test_barrier_timeout_full_group", "test_destroy_group", "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+    "test_barrier_timeout_full_group", "test_destroy_group",
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
     "test_monitored_barrier_gloo_rank_0_timeout",
 ]
 

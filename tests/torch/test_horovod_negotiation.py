@@ -138,7 +138,7 @@ def test_reducescatter_is_differentiable_with_horovods_gradient():
         sum_grad = x.grad.clone()
         parts = hvd.grouped_reducescatter([x * 1, y * 1], op=hvd.Average, prescale_factor=2.0)
         x.grad = None
-        sum(((p * (rank + 1)).sum() for p in parts)).backward()
+        sum((p * (rank + 1)).sum() for p in parts).backward()
         return summed, sum_grad, parts, x.grad, y.grad
 
     rows = [3, 2, 2]  # 7 rows over 3 ranks: the first 7 % 3 ranks get one more

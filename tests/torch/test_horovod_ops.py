@@ -199,7 +199,7 @@ def test_join_answers_the_reductions_of_ranks_with_more_data():
         return sums, late, last, after
 
     results = run_hvd(fn, SIZE)
-    for rank, (sums, late, last, after) in enumerate(results):
+    for rank, (sums, _late, last, after) in enumerate(results):
         assert [s.tolist() for s in sums] == [[3.0, 6.0], [2.0, 4.0], [1.0, 2.0]][:rank + 1]
         assert last == 2 and after.item() == 3.0
     late = results[2][1]

@@ -127,7 +127,7 @@ def test_horovod_keywords_mean_what_they_mean_in_horovod():
         return out
 
     results = run_hvd(fn, 3)
-    for rank, out in enumerate(results):
+    for out in results:
         assert max_difference(out["process set"], reference()) <= 1e-5
         assert out["buckets"] == 5  # the group of two, and one group per other parameter
         assert max_difference(out["sum of 2 passes"], reference(lr=0.3)) <= 1e-5  # Sum over 3 ranks: 3x the mean

@@ -34,7 +34,7 @@ def test_torch_builds_the_group_and_dispatches_cpu_to_our_backend():
         dist.destroy_process_group(sub)
         return isinstance(backend.impl, ProcessGroupAllreduce), named, t.tolist(), sorted(futures)
 
-    for is_ours, (world_name, sub_name, desc, sub_backend, name), t, futures in run_torch_ranks(fn, 2):
+    for is_ours, (world_name, sub_name, _desc, sub_backend, name), t, futures in run_torch_ranks(fn, 2):
         assert is_ours and world_name != sub_name and sub_backend == name == "allreduce"
         assert t == [4.0, 4.0]  # two all-reduces of ones on two ranks, the broadcast leaves it
         assert futures == ["barrier", "broadcast", "impl without opts", "python"]

@@ -108,7 +108,7 @@ def _every_shape(rank: int, size: int):
             if t.tolist() != inputs(root, 9, torch.int64, call).tolist():
                 wrong.append(f"broadcast from {root} call {call}: {t.tolist()}")
         python[f"broadcast from {root}"] = counts["broadcast_now"] - before
-    for call in range(CALLS):
+    for _call in range(CALLS):
         dist.barrier()
     python["barrier"] = counts["barrier_now"]
     calls = sum(len(sizes) for _, _, sizes in CASES) * CALLS + CALLS + size * CALLS + CALLS

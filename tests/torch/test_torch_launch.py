@@ -75,8 +75,8 @@ def test_without_a_store_client_the_error_says_what_to_install(monkeypatch):
     from allreduce.rendezvous import from_environment, schemes
 
     monkeypatch.setattr(schemes, "entry_points", lambda group: [])
-    launch = from_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True",
-                               "TORCHELASTIC_RESTART_COUNT": "2"})
+    launch = from_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                               "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"})
     assert (launch.agent_store, launch.restart) == (True, 2)
     assert not from_environment({"TORCHELASTIC_USE_AGENT_STORE": "False"}).agent_store
     with pytest.raises(RendezvousError, match=r"TORCHELASTIC_USE_AGENT_STORE=True.*pip install 'allreduce\[torch\]'"):

@@ -26,7 +26,7 @@ def test_clean_steps_unscale_and_grow_the_scale():
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([p], lr=1.0)
     scaler = art.DynamicLossScaler(init_scale=8.0, growth_interval=2)
-    for step in range(2):
+    for _step in range(2):
         opt.zero_grad()
         scaler.scale((p * 2).sum()).backward()
         assert scaler.step(opt) is True

@@ -58,7 +58,8 @@ def dtensor_results(mesh: DeviceMesh) -> dict:
     out["partial->shard (reduce_scatter)"] = partial.redistribute(mesh, [Shard(0)]).to_local()
     product = rows @ distribute_tensor(b, mesh, [Replicate()])
     out["matmul"] = product.full_tensor()
-    out["matmul of shards"] = (distribute_tensor(a, mesh, [Shard(1)]) @ distribute_tensor(b, mesh, [Shard(0)])).full_tensor()
+    shards = distribute_tensor(a, mesh, [Shard(1)]) @ distribute_tensor(b, mesh, [Shard(0)])
+    out["matmul of shards"] = shards.full_tensor()
     out["expected matmul"] = a @ b
     return {k: v.numpy().copy() for k, v in out.items()}
 
@@ -99,6 +100,7 @@ def test_a_2d_mesh_and_functional_collectives():
         assert out["local shard"] == x[2 * dp_index:2 * dp_index + 2, tp_index:tp_index + 1].tolist()
         assert out["all_reduce on tp"] == [sum(p + 1.0 for p in peers)] * 2
         assert out["all_gather on dp"] == [float(tp_index), tp_index + 2.0]
-        assert out["reduce_scatter on tp"] == (2 * torch.arange(4.0) + sum(peers))[2 * tp_index:2 * tp_index + 2].tolist()
+        reduced = 2 * torch.arange(4.0) + sum(peers)
+        assert out["reduce_scatter on tp"] == reduced[2 * tp_index:2 * tp_index + 2].tolist()
         assert out["mesh from the tp group"] == x[2 * tp_index:2 * tp_index + 2].tolist()
         assert names == (True, "allreduce")

@@ -73,7 +73,8 @@ def test_sharded_adam_follows_the_unsharded_trajectory_with_a_quarter_of_the_sta
 def test_parameter_groups_keep_their_options_and_bad_arguments_are_refused():
     def fn(rank, size):
         m = model()
-        groups = [{"params": m[0].parameters(), "lr": 0.0}, {"params": list(m[2].parameters()) + list(m[4].parameters())}]
+        groups = [{"params": m[0].parameters(), "lr": 0.0},
+                  {"params": list(m[2].parameters()) + list(m[4].parameters())}]
         opt = art.ZeroRedundancyOptimizer(groups, torch.optim.SGD, lr=0.1)
         frozen = m[0].weight.detach().clone()
         x, y = shard(DATA[0], rank, size)

@@ -25,7 +25,7 @@ ALL = (1 << 16) - 1
 class FakeLine(Lifeline):
     """A lifeline end whose messages go through ``net``; it dies once it has sent ``budget`` more."""
 
-    def __init__(self, net: "Net", me: int):  # no sockets, no reader thread: the net delivers
+    def __init__(self, net: Net, me: int):  # no sockets, no reader thread: the net delivers
         self.me, self.net = me, net
         self.cv = threading.Condition()
         self.dead: set[int] = set()

@@ -137,7 +137,8 @@ def test_each_step_adds_the_links_step_cost_as_the_simulator_does(name):
 
     plain = Network(Link(1e-5, 1e-9), Link(1e-4, 1e-8), gamma=1e-10)
     stepping = Network(Link(1e-5, 1e-9, step=4e-5), Link(1e-4, 1e-8), gamma=1e-10)
-    extra = costmodel.predict("all_reduce", name, 4096, 4, stepping) - costmodel.predict("all_reduce", name, 4096, 4, plain)
+    extra = (costmodel.predict("all_reduce", name, 4096, 4, stepping)
+             - costmodel.predict("all_reduce", name, 4096, 4, plain))
     simulated = simulate("all_reduce", name, 4096, 4, stepping).time - simulate("all_reduce", name, 4096, 4, plain).time
     assert extra == pytest.approx(4e-5 * costmodel.step_count("all_reduce", name, 4, 1024)) == pytest.approx(simulated)
 
@@ -157,8 +158,8 @@ def test_crowded_ranks_favour_algorithms_that_leave_ranks_idle():
     assert costmodel.crowding("all_reduce", "ring", 4, crowded) == (2.0, 2.0)
     assert costmodel.crowding("all_reduce", "reduce_bcast", 4, crowded) == (1.5, 1.5)  # busy 4, 2, 2, 4
     roomy = dataclasses.replace(crowded, cores=0)
-    slower = [costmodel.predict("all_reduce", name, 2**20, 4, crowded) / costmodel.predict("all_reduce", name, 2**20, 4, roomy)
-              for name in ("ring", "reduce_bcast")]
+    slower = [costmodel.predict("all_reduce", name, 2**20, 4, crowded)
+              / costmodel.predict("all_reduce", name, 2**20, 4, roomy) for name in ("ring", "reduce_bcast")]
     assert slower[0] == pytest.approx(2.0) and slower[1] == pytest.approx(1.5)
 
 
@@ -173,7 +174,8 @@ def test_auto_follows_the_profile(tmp_path):
     bandwidth_bound = planner.choose("all_reduce", None, 4096, 8, profile=write(tmp_path, FAST_START, "fast.json"))
     assert latency_bound != bandwidth_bound
     network = lambda data: costmodel.from_json(data).network()  # noqa: E731
-    t = {name: costmodel.predict("all_reduce", name, 4096, 8, network(SLOW_START)) for name in algorithms.anywhere("all_reduce", algorithms.names("all_reduce"))}
+    t = {name: costmodel.predict("all_reduce", name, 4096, 8, network(SLOW_START))
+         for name in algorithms.anywhere("all_reduce", algorithms.names("all_reduce"))}
     assert latency_bound == min(t, key=t.get)
 
 
@@ -222,7 +224,8 @@ def test_ranks_that_take_turns_do_not_pay_duplex():
     assert not costmodel.exchanges("all_reduce", "reduce_bcast", 4) and costmodel.exchanges("all_reduce", "ring", 4)
     same = [costmodel.predict("all_reduce", "reduce_bcast", 2**20, 4, network) for network in (half, full)]
     assert same[0] == same[1]
-    assert costmodel.predict("all_reduce", "ring", 2**20, 4, half) > costmodel.predict("all_reduce", "ring", 2**20, 4, full)
+    ring = [costmodel.predict("all_reduce", "ring", 2**20, 4, network) for network in (half, full)]
+    assert ring[0] > ring[1]
 
 
 @pytest.mark.parametrize("cores", [2, 8])
@@ -234,7 +237,8 @@ def test_fit_step_recovers_the_per_step_cost_and_the_crowded_share(cores):
                for name in tune.STEP_PROBES}
     fitted = tune.fit_step(Link(step + message, 1e-9), seconds, tune.STEP_RANKS, cores)
     # the fit leaves out the probe's 8 bytes of beta and gamma
-    assert (fitted.alpha, fitted.step, fitted.crowded) == pytest.approx((truth.alpha, truth.step, truth.crowded), rel=1e-3)
+    assert ((fitted.alpha, fitted.step, fitted.crowded)
+            == pytest.approx((truth.alpha, truth.step, truth.crowded), rel=1e-3))
 
 
 def test_a_profile_keeps_step_and_crowded(tmp_path):

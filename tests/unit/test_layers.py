@@ -21,7 +21,8 @@ def test_the_layers_contract_is_kept():
 
 
 def test_importing_the_library_loads_no_command_line_code():
-    probe = "import sys, allreduce; print(' '.join(m for m in sys.modules if m == 'argparse' or m.startswith('allreduce.cli')))"
+    probe = ("import sys, allreduce; "
+             "print(' '.join(m for m in sys.modules if m == 'argparse' or m.startswith('allreduce.cli')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(SRC)})
     assert done.returncode == 0, done.stderr
@@ -38,7 +39,8 @@ def private_names_used_across_modules(path) -> list[str]:
             ours = node.level > 0 or (node.module or "").startswith("allreduce")
             for alias in node.names:
                 if ours and alias.name.startswith("_") and not alias.name.startswith("__"):
-                    found.append(f"{path.name}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {alias.name}")
+                    source = f"{'.' * node.level}{node.module or ''}"
+                    found.append(f"{path.name}:{node.lineno}: from {source} import {alias.name}")
                 if ours:
                     modules.add(alias.asname or alias.name)
         elif isinstance(node, ast.Import):
@@ -53,7 +55,8 @@ def private_names_used_across_modules(path) -> list[str]:
 
 
 def test_no_private_name_crosses_a_module_boundary():
-    found = [line for path in sorted((SRC / "allreduce").rglob("*.py")) for line in private_names_used_across_modules(path)]
+    found = [line for path in sorted((SRC / "allreduce").rglob("*.py"))
+             for line in private_names_used_across_modules(path)]
     assert found == []
 
 

@@ -1,5 +1,5 @@
 """The simulator, without processes: closed forms it must reproduce, contention, the two-level topology,
-its shortcuts (cells, pipeline extrapolation) against the full step-by-step run, traces and the CLI."""
+its abridgements (cells, pipeline extrapolation) against the full step-by-step run, traces and the CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from allreduce.algorithms.verify import ScheduleError
 from allreduce.cli.simulate import parse_per_byte, parse_seconds
 from allreduce.model import traffic
 from allreduce.model.network import Link, Network
-from allreduce.sim import engine, simulate
+from allreduce.sim import simulate, timing
 from allreduce.sim.sweep import crossovers, sweep
 from allreduce.trace import Trace
 
@@ -27,7 +27,7 @@ def net(duplex: float = 1.0, hosts: int = 1, inter_duplex: float = 1.0) -> Netwo
 
 def timed(schedules, size=None, hosts=1, network=None, itemsize=1) -> float:
     flow = traffic.from_schedules(schedules, size or len(schedules), itemsize, hosts)
-    return float(engine.run(flow, network or net(hosts=hosts)).max())
+    return float(timing.run(flow, network or net(hosts=hosts)).max())
 
 
 def data(start, stop):
@@ -111,7 +111,7 @@ def test_ranks_of_one_host_share_its_nic():
     flow = traffic.from_schedules(s, 4, 1, hosts=2)
     assert list(flow.inter) == [False, True, True]  # read on the receiving side: ranks 0, 2, 3
     ends = []
-    finish = engine.run(flow, net(hosts=2), lambda step, t0, end, done: ends.extend(end))
+    finish = timing.run(flow, net(hosts=2), lambda step, t0, end, done: ends.extend(end))
     inter = A2 + 2 * nbytes * B2  # both crossings share host 0's NIC and host 1's
     assert ends == pytest.approx([A + nbytes * B, inter, inter])  # the intra message has its own port
     assert finish == pytest.approx([inter] * 4)
@@ -176,7 +176,7 @@ def test_an_inter_host_ring_is_paced_by_the_nic_link():
     assert simulate("all_reduce", "ring", m, n, net(hosts=hosts)).time == pytest.approx(want, rel=1e-9)
 
 
-# ---- shortcuts against the full run -------------------------------------------------------------
+# ---- abridged runs against the full run---------------------------------------------------------
 
 @pytest.mark.parametrize("entry", [(a.collective, a.name) for a in algorithms.ALGORITHMS if a.shift_invariant])
 @pytest.mark.parametrize("n, hosts", [(4, 1), (6, 3), (8, 2), (12, 4), (12, 12), (13, 1), (48, 6)])
@@ -184,8 +184,8 @@ def test_a_cell_times_like_the_whole_world(entry, n, hosts):
     collective, name = entry
     count = n * 30
     network = net(1.4, hosts, 1.2)
-    cell = engine.run(traffic.extract(collective, name, n, count, 4, hosts), network)
-    full = engine.run(traffic.extract(collective, name, n, count, 4, hosts, full=True), network)
+    cell = timing.run(traffic.extract(collective, name, n, count, 4, hosts), network)
+    full = timing.run(traffic.extract(collective, name, n, count, 4, hosts, full=True), network)
     assert cell.size < n or n == hosts
     assert cell.max() == pytest.approx(full.max(), rel=1e-12)
 
@@ -202,7 +202,7 @@ def test_long_pipelines_extrapolate_exactly(collective, name, n, hosts, chunks):
     predicted = simulate(collective, name, chunks * chunk * 4, n, network, chunk=chunk)
     assert predicted.method == "extrapolated"
     flow = traffic.extract(collective, name, n, chunks * chunk, 4, hosts, chunk=chunk)
-    assert predicted.time == pytest.approx(engine.run(flow, network).max(), rel=1e-9)
+    assert predicted.time == pytest.approx(timing.run(flow, network).max(), rel=1e-9)
     assert predicted.steps == flow.steps
 
 
@@ -213,7 +213,7 @@ def test_long_pipelines_of_uneven_chunks_extrapolate_closely(collective, name, c
     average length: within a step's worth of the full run."""
     network = net(1.3)
     predicted = simulate(collective, name, count * 4, 8, network, chunk=50)
-    full = engine.run(traffic.extract(collective, name, 8, count, 4, 1, chunk=50), network).max()
+    full = timing.run(traffic.extract(collective, name, 8, count, 4, 1, chunk=50), network).max()
     assert predicted.time == pytest.approx(full, rel=0.02)
 
 
@@ -247,7 +247,8 @@ def test_the_simulated_trace_has_steps_messages_and_reductions(tmp_path):
     trace.write(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     lanes = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    assert {(0, "collective"), (0, "step"), (0, "send -> 1"), (0, "recv <- 3"), (0, "reduce"), (1, "send -> 2")} <= lanes
+    assert {(0, "collective"), (0, "step"), (0, "send -> 1"), (0, "recv <- 3"), (0, "reduce"),
+            (1, "send -> 2")} <= lanes
     steps = [e for e in events if e["ph"] == "X" and e["tid"] == 1 and e["pid"] == 0]
     assert len(steps) == 6 and all(e["dur"] > 0 for e in steps)
     assert {e["pid"] for e in events} == {0, 1}
@@ -277,7 +278,8 @@ def test_simulate_command(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "ring" in out and "cell" in out
     assert json.loads(trace.read_text())["traceEvents"]
-    assert cli.main(["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast", "--cores", "8"]) == 0
+    sweep = ["simulate", "-n", "8", "--sweep", "--size", "1M", "--algo", "ring,reduce_bcast", "--cores", "8"]
+    assert cli.main(sweep) == 0
     assert "crossover" in capsys.readouterr().out
 
 

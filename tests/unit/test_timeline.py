@@ -43,7 +43,7 @@ def test_two_ranks_write_a_trace_each(tmp_path):
         peer = 1 - rank
         lanes = {lane for lane, _ in spans}
         assert {f"send -> {peer}", f"recv <- {peer}", "reduce"} <= lanes
-        for lane, e in spans:
+        for _lane, e in spans:
             assert e["dur"] >= 0 and e["ts"] > 0
         ring = [e for lane, e in spans if lane == "collective"][0]
         for e in steps:  # steps lie inside their collective (wall-clock microseconds: ~0.25 us resolution)

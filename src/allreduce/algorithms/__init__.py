@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from .. import collectives
 from . import (binomial, bruck, chain, direct, dissemination, double_tree, hierarchical, lines, ordered, pairwise,
@@ -66,6 +67,12 @@ class Algorithm:
         return self.schedule(rank, size, count, root=root, **{**self.options, **options})
 
 
+def _hierarchical(rank: int, size: int, count: int, *, root: int = 0, hosts=None, cross: str) -> Schedule:
+    """The hierarchical all-reduce with its cross-host all-reduce named; the name is looked up here, so
+    ``hierarchical.py`` takes the entry itself and imports no registry."""
+    return hierarchical.all_reduce(rank, size, count, root=root, hosts=hosts, cross=get("all_reduce", cross))
+
+
 _CHUNK = {"chunk": tree.DEFAULT_CHUNK}
 
 ALGORITHMS: tuple[Algorithm, ...] = (
@@ -80,8 +87,8 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("all_reduce", "direct", direct.all_reduce, direct.all_reduce_cost,
               shift_invariant=True, one_chunk_per_rank=True),
     # invariant under a shift by one host
-    Algorithm("all_reduce", "hierarchical", hierarchical.all_reduce, hierarchical.all_reduce_cost,
-              {"cross": hierarchical.DEFAULT_CROSS}, needs=("hosts",), shift_invariant=True, one_chunk_per_rank=True),
+    Algorithm("all_reduce", "hierarchical", _hierarchical, hierarchical.all_reduce_cost,
+              {"cross": "ring"}, needs=("hosts",), shift_invariant=True, one_chunk_per_rank=True),
     # its messages are invariant under a shift (only its slots and the order of its fold depend on the rank)
     Algorithm("all_reduce", "ordered", ordered.all_reduce, ordered.all_reduce_cost, shift_invariant=True,
               one_chunk_per_rank=True, in_rank_order=True),

@@ -25,13 +25,11 @@ host, the direct all-reduce's ``2(n-1) alpha + (n-1)/n m (2 beta + gamma)``; in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
-from . import direct
+from . import direct, ring
 from .schedule import Copy, Recv, Region, Schedule, Send, check_call, chunk_bounds, region, without_empty
-
-DEFAULT_CROSS = "ring"  # the all-reduce across hosts
-
 
 def check_hosts(hosts, size: int) -> tuple:
     """``hosts`` as a tuple of rank tuples (``None``: one host of all ranks).
@@ -51,7 +49,8 @@ def check_hosts(hosts, size: int) -> tuple:
 
 
 @lru_cache(maxsize=1024)
-def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None, cross: str = DEFAULT_CROSS) -> Schedule:
+def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None,
+               cross: Callable[..., Schedule] = ring.all_reduce) -> Schedule:
     """Hierarchical all-reduce of ``count`` elements in place in ``data``.
 
     Args:
@@ -59,21 +58,20 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None, c
         count: elements in the tensor.
         root: ignored (all-reduce has none).
         hosts: each host's ranks (tuple of tuples); ``None`` for one host.
-        cross: the registered all-reduce that runs across hosts.
+        cross: the all-reduce that runs across hosts, ``cross(rank, size, count)`` (the registry passes
+            its entry for the algorithm named by the ``cross`` option).
 
     Returns:
         This rank's :class:`Schedule`; scratch as the cross algorithm needs.
 
     Raises:
-        ValueError: for a rank, root or count out of range, hosts that are not a partition into equal
-            hosts, or an unknown ``cross`` algorithm.
+        ValueError: for a rank, root or count out of range, or hosts that are not a partition into equal
+            hosts.
 
     Example (hosts ``((0, 1), (2, 3))``, 4 elements): rank 2 reduces rank 3's ``data[0:2]`` into its
     own, rings ``data[0:2]`` with rank 0 (two steps), then sends ``data[0:2]`` to rank 3 and receives
     ``data[2:4]`` from it.
     """
-    from . import get  # the registry imports this module
-
     check_call(rank, size, count, root)
     hosts = check_hosts(hosts, size)
     here = next(h for h in hosts if rank in h)
@@ -83,9 +81,8 @@ def all_reduce(rank: int, size: int, count: int, *, root: int = 0, hosts=None, c
     chunks = [region("data", bounds, j) for j in direct.turns(i, k)]
     mine = region("data", bounds, i)
     group = [h[i] for h in hosts]
-    algorithm = get("all_reduce", cross)
-    inner = algorithm(group.index(rank), len(group), mine.count)
-    span = max(len(algorithm(0, len(group), bounds[j + 1] - bounds[j]).steps) for j in range(k))
+    inner = cross(group.index(rank), len(group), mine.count)
+    span = max(len(cross(0, len(group), bounds[j + 1] - bounds[j]).steps) for j in range(k))
     moved = [tuple(_moved(op, group, mine.start) for op in step) for step in inner.steps]
     moved += [()] * (span - len(moved))
     steps = [direct.scatter_reduce(peers, chunks, mine), *moved, direct.gather(peers, mine, chunks)]

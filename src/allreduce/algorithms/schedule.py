@@ -26,7 +26,6 @@ pair, and that no step reads a region it also overwrites.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 BUFFERS = ("data", "out", "tmp")
 
@@ -43,7 +42,7 @@ class Region:
     def count(self) -> int:
         return self.stop - self.start
 
-    def overlaps(self, other: "Region") -> bool:
+    def overlaps(self, other: Region) -> bool:
         return self.buf == other.buf and self.start < other.stop and other.start < self.stop
 
 
@@ -82,7 +81,7 @@ class Copy:
     reduce: Region | None = None
 
 
-Op = Union[Send, Recv, Copy]
+Op = Send | Recv | Copy
 Step = tuple  # tuple[Op, ...]
 
 

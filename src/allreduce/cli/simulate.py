@@ -2,8 +2,8 @@
 
 The network comes from the cost profile (``--profile``, else the one ``allreduce tune`` stored, else
 the built-in defaults); ``--alpha``, ``--beta``, ``--duplex``, ``--step`` replace every link's figures, the
-``--inter-*`` flags the inter-host link's alone, and ``--cores`` the cores per host. Quantities take units: ``25us``, ``10Gbit/s``,
-``1.25GB/s`` (a bandwidth becomes beta = 1 / bandwidth), or plain seconds and seconds per byte.
+``--inter-*`` flags the inter-host link's alone, and ``--cores`` the cores per host. Quantities take units:
+``25us``, ``10Gbit/s``, ``1.25GB/s`` (a bandwidth becomes beta = 1 / bandwidth), or plain seconds and seconds per byte.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "profile's, this machine's without one; 0: never fewer than the ranks)")
     parser.add_argument("--sweep", action="store_true", help="a table across sizes (--min-bytes .. --size)")
     parser.add_argument("-b", "--min-bytes", type=size_arg, default="8", help="first size of --sweep (default 8)")
-    parser.add_argument("-f", "--factor", type=launcher.int_at_least(2), default=4, help="size ratio of --sweep (default 4)")
+    parser.add_argument("-f", "--factor", type=launcher.int_at_least(2), default=4,
+                        help="size ratio of --sweep (default 4)")
     parser.add_argument("--plot", metavar="PNG", type=checks.plot_file,
                         help="with --sweep: plot time vs size (needs matplotlib)")
     parser.add_argument("--timeline", metavar="JSON", help="write a Chrome trace of the first --trace-ranks ranks")
@@ -121,7 +122,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the ``simulate`` subcommand."""
     try:
-        names = list(algorithms.names(args.collective)) if args.algo == "all" else [a.strip() for a in args.algo.split(",")]
+        names = (list(algorithms.names(args.collective)) if args.algo == "all"
+                 else [a.strip() for a in args.algo.split(",")])
         for name in names:
             algorithms.get(args.collective, name)
         network = network_from_args(args)
@@ -138,7 +140,8 @@ def main(args: argparse.Namespace) -> int:
     itemsize = itemsize_of(args.dtype)
     print(f"# {args.collective} on {args.nranks} ranks, {args.hosts} host(s), {args.dtype}; "
           f"intra alpha {network.intra.alpha * 1e6:.1f} us beta {network.intra.beta * 1e9:.3f} ns/B "
-          f"duplex {network.intra.duplex:.2f} step {network.intra.step * 1e6:.1f} us; inter alpha {network.inter.alpha * 1e6:.1f} us "
+          f"duplex {network.intra.duplex:.2f} step {network.intra.step * 1e6:.1f} us; "
+          f"inter alpha {network.inter.alpha * 1e6:.1f} us "
           f"beta {network.inter.beta * 1e9:.3f} ns/B; gamma {network.gamma * 1e9:.3f} ns/B; "
           f"{network.cores or 'unlimited'} cores per host (local work x{network.stretch(args.nranks):g})")
     if args.sweep:
@@ -166,7 +169,7 @@ def _sweep(args: argparse.Namespace, names: list[str], network: Network, itemsiz
                       on_result=lambda _: progress.advance(), networks=networks)
     winners = fastest(table)
     width = max(14, *(len(name) + 6 for name in names))
-    print("#" + f"{'size(B)':>13}" + "".join(f"{name + '(us)':>{width}}" for name in names) + f"  fastest")
+    print("#" + f"{'size(B)':>13}" + "".join(f"{name + '(us)':>{width}}" for name in names) + "  fastest")
     for i in range(len(sizes)):
         print(f"{table[names[0]][i].nbytes:>14}" + "".join(f"{table[n][i].time * 1e6:>{width}.1f}" for n in names)
               + f"  {winners[i]}")

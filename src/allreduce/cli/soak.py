@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import reduce as fold
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -130,7 +130,7 @@ def local_costs() -> tuple[dict[str, float], float]:
         a = np.ones(LOCAL_BYTES // dtype.itemsize, dtype)
         b = np.ones_like(a)
         ufunc = kernel(ReduceOp.SUM, dtype)
-        gamma[str(dtype)] = _timed(lambda: ufunc(a, b, out=a), 9, np.min) / a.nbytes
+        gamma[str(dtype)] = _timed(lambda: ufunc(a, b, out=a), 9, np.min) / a.nbytes  # noqa: B023 - called within this iteration
     a = np.ones(LOCAL_BYTES, np.uint8)
     b = np.empty_like(a)
     return gamma, _timed(lambda: np.copyto(b, a), 9, np.min) / a.nbytes
@@ -271,7 +271,8 @@ def main(args: argparse.Namespace) -> int:
             status = launcher.launch(launcher.LaunchConfig(nproc=2, tag_output=False), cmd,
                                      {"ALLREDUCE_TRANSPORT": transport})  # the group measures this one
             if status == 0 and args.scope == "intra":
-                print(f"# measuring the {transport} per-step cost on {STEP_RANKS} ranks...", file=sys.stderr, flush=True)
+                print(f"# measuring the {transport} per-step cost on {STEP_RANKS} ranks...", file=sys.stderr,
+                      flush=True)
                 status = launcher.launch(launcher.LaunchConfig(nproc=STEP_RANKS, tag_output=False),
                                          cmd + ["--steps"], {"ALLREDUCE_TRANSPORT": transport})
             if status:

@@ -40,7 +40,8 @@ class Link:
 
     def __post_init__(self):
         if min(self.alpha, self.beta, self.step) < 0:
-            raise ValueError(f"alpha, beta and step must not be negative, got {self.alpha}, {self.beta} and {self.step}")
+            raise ValueError(f"alpha, beta and step must not be negative, "
+                             f"got {self.alpha}, {self.beta} and {self.step}")
         if not 0.25 <= self.crowded <= 4.0:
             raise ValueError(f"crowded must be between 0.25 and 4, got {self.crowded}")
         if not 1.0 <= self.duplex <= 2.0:
@@ -70,19 +71,20 @@ class Network:
         per_host = size / self.hosts if busy is None else busy
         return max(1.0, per_host / self.cores) if self.cores else 1.0
 
-    def for_ranks(self, size: int, busy: float | None = None) -> "Network":
+    def for_ranks(self, size: int, busy: float | None = None) -> Network:
         """This network with every CPU-bound cost stretched for ``size`` ranks (``busy`` of each
         host's working at once) and ``cores`` dropped."""
         return self.stretched(self.stretch(size, busy))
 
-    def stretched(self, slow: float, latency: float | None = None) -> "Network":
+    def stretched(self, slow: float, latency: float | None = None) -> Network:
         """This network with the CPU's per-byte costs ``slow`` times slower and its fixed costs
         ``latency`` times (default ``slow``; each link's ``crowded`` share of it where above 1)."""
         latency = slow if latency is None else latency
         if slow == 1.0 and latency == 1.0:
             return self
         intra, inter = (max(1.0, latency * link.crowded) if latency > 1.0 else 1.0 for link in (self.intra, self.inter))
-        return Network(Link(self.intra.alpha * intra, self.intra.beta * slow, self.intra.duplex, self.intra.step * intra),
+        return Network(Link(self.intra.alpha * intra, self.intra.beta * slow, self.intra.duplex,
+                            self.intra.step * intra),
                        Link(self.inter.alpha * inter, self.inter.beta, self.inter.duplex, self.inter.step * inter),
                        self.gamma * slow, self.copy * slow, self.hosts)
 

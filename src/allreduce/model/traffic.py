@@ -2,7 +2,7 @@
 
 The registry's schedules are read once and turned into one row per message: sender, receiver, bytes,
 whether the receiver reduces it, whether it crosses hosts. Rows are grouped by step (``offsets``), so
-the engine handles a whole step with a few vector operations whatever the number of ranks.
+the simulator times a whole step with a few vector operations whatever the number of ranks.
 
 *Cells.* Building every rank's schedule costs ``O(n)`` objects per rank, too many for a ring of
 thousands of ranks. Registry entries marked ``shift_invariant`` are the same on every rank up to a

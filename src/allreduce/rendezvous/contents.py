@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import storewire as wire
+from . import storewire
 
 ENTRY_BYTES = 128  # bytes counted per key beyond its key and value: what a dict entry and its objects cost
 
@@ -27,12 +27,12 @@ class StoreLimits:
         ValueError: a limit that is not a positive int, or a value limit above the wire's ceiling.
     """
 
-    max_value: int = wire.MAX_VALUE  # bytes in one value: 64 MiB, the most one frame can carry
+    max_value: int = storewire.MAX_VALUE  # bytes in one value: 64 MiB, the most one frame can carry
     max_bytes: int = 256 << 20  # bytes in the whole store, keys and values, plus ENTRY_BYTES per key
 
     def __post_init__(self):
-        if not isinstance(self.max_value, int) or not 0 < self.max_value <= wire.MAX_VALUE:
-            raise ValueError(f"max_value must be an int in 1..{wire.MAX_VALUE}, got {self.max_value!r}")
+        if not isinstance(self.max_value, int) or not 0 < self.max_value <= storewire.MAX_VALUE:
+            raise ValueError(f"max_value must be an int in 1..{storewire.MAX_VALUE}, got {self.max_value!r}")
         if not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise ValueError(f"max_bytes must be a positive int, got {self.max_bytes!r}")
 

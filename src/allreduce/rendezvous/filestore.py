@@ -24,7 +24,7 @@ import time
 
 from ..errors import ProtocolError, RendezvousError
 from ..settings import DEFAULT_TIMEOUT
-from . import storewire as wire
+from . import storewire
 from .contents import Contents
 from .store import Store, apply_request, deadline, timed_out
 
@@ -56,7 +56,7 @@ class FileStore(Store):
                                   f"every rank can create or open for writing") from exc
         self._lock = threading.Lock()  # flock does not exclude threads sharing this descriptor
         self._data = Contents()
-        self._decoder = wire.RequestDecoder()
+        self._decoder = storewire.RequestDecoder()
         self._offset = 0  # bytes of the log replayed into _data
 
     def __repr__(self) -> str:
@@ -73,16 +73,16 @@ class FileStore(Store):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         due = deadline(request)
-        changes = isinstance(request, wire.MUTATIONS)
+        changes = isinstance(request, storewire.MUTATIONS)
         pause = _FIRST_PAUSE
         while True:
             with self._lock, _flocked(self._fd, exclusive=changes):
                 self._catch_up()
                 response = apply_request(self._data, request)
-                if response is not None and changes and not isinstance(response, wire.Failed):
-                    self._append(wire.encode(request))
+                if response is not None and changes and not isinstance(response, storewire.Failed):
+                    self._append(storewire.encode(request))
                 if response is None and time.monotonic() >= due:
                     response = timed_out(self._data, request)
             if response is not None:

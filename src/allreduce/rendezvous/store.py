@@ -24,45 +24,45 @@ from dataclasses import replace
 
 from ..errors import CommTimeout, RendezvousError
 from ..settings import DEFAULT_TIMEOUT
-from . import storewire as wire
+from . import storewire
 from .contents import Contents
 
 
-def apply_request(data: Contents, request: wire.Request) -> wire.Response | None:
+def apply_request(data: Contents, request: storewire.Request) -> storewire.Response | None:
     """Apply ``request`` to ``data`` and return the answer, or ``None`` while a get/wait must wait.
 
     Counters are stored as decimal ASCII, so ``get`` of a counter reads e.g. ``b"3"``. A change that
     would break the store's limits is answered :class:`~.storewire.Failed`, naming the limit.
     """
-    if isinstance(request, wire.Set):
+    if isinstance(request, storewire.Set):
         refusal = data.put(request.key, request.value)
-        return wire.Failed(f"set({request.key!r}): {refusal}") if refusal else wire.Ok()
-    if isinstance(request, wire.Get):
+        return storewire.Failed(f"set({request.key!r}): {refusal}") if refusal else storewire.Ok()
+    if isinstance(request, storewire.Get):
         value = data.get(request.key)
-        return None if value is None else wire.Value(value)
-    if isinstance(request, wire.Add):
+        return None if value is None else storewire.Value(value)
+    if isinstance(request, storewire.Add):
         try:
             count = int((data.get(request.key) or b"0").decode("ascii")) + request.amount
         except (UnicodeDecodeError, ValueError):
-            return wire.Failed(f"add({request.key!r}): the key holds a value that is not a counter")
-        if not wire.I64_MIN <= count <= wire.I64_MAX:
-            return wire.Failed(f"add({request.key!r}): the counter would overflow 64 bits")
+            return storewire.Failed(f"add({request.key!r}): the key holds a value that is not a counter")
+        if not storewire.I64_MIN <= count <= storewire.I64_MAX:
+            return storewire.Failed(f"add({request.key!r}): the counter would overflow 64 bits")
         refusal = data.put(request.key, str(count).encode("ascii"))
-        return wire.Failed(f"add({request.key!r}): {refusal}") if refusal else wire.Count(count)
-    if isinstance(request, wire.Wait):
-        return wire.Ok() if all(key in data for key in request.keys) else None
-    if isinstance(request, wire.Check):
-        return wire.Flag(all(key in data for key in request.keys))
-    return wire.Flag(data.pop(request.key) is not None)
+        return storewire.Failed(f"add({request.key!r}): {refusal}") if refusal else storewire.Count(count)
+    if isinstance(request, storewire.Wait):
+        return storewire.Ok() if all(key in data for key in request.keys) else None
+    if isinstance(request, storewire.Check):
+        return storewire.Flag(all(key in data for key in request.keys))
+    return storewire.Flag(data.pop(request.key) is not None)
 
 
-def timed_out(data: Contents, request: wire.Get | wire.Wait) -> wire.TimedOut:
+def timed_out(data: Contents, request: storewire.Get | storewire.Wait) -> storewire.TimedOut:
     """The answer to a get or wait whose deadline passed: the keys still missing."""
-    keys = (request.key,) if isinstance(request, wire.Get) else request.keys
-    return wire.TimedOut(tuple(key for key in keys if key not in data))
+    keys = (request.key,) if isinstance(request, storewire.Get) else request.keys
+    return storewire.TimedOut(tuple(key for key in keys if key not in data))
 
 
-def deadline(request: wire.Request) -> float:
+def deadline(request: storewire.Request) -> float:
     """The monotonic time by which a get or wait must be answered (now, for the other requests)."""
     return time.monotonic() + getattr(request, "timeout_ms", 0) / 1000
 
@@ -84,9 +84,9 @@ class Store:
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``, replacing any previous value and releasing its waiters."""
         value = bytes(value)
-        if len(value) > wire.MAX_VALUE:
-            raise ValueError(f"store value of {len(value)} bytes is over the {wire.MAX_VALUE}-byte limit")
-        self._call(wire.Set(_key(key), value))
+        if len(value) > storewire.MAX_VALUE:
+            raise ValueError(f"store value of {len(value)} bytes is over the {storewire.MAX_VALUE}-byte limit")
+        self._call(storewire.Set(_key(key), value))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` seconds (default ``self.timeout``) for it.
@@ -94,7 +94,7 @@ class Store:
         Raises:
             CommTimeout: the key was not set in time; the message names it.
         """
-        return self._call(wire.Get(_key(key), self._timeout_ms(timeout))).value
+        return self._call(storewire.Get(_key(key), self._timeout_ms(timeout))).value
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the counter at ``key`` (created at 0); return the new count.
@@ -104,9 +104,9 @@ class Store:
         Raises:
             ValueError: ``key`` holds a value that is not a counter, or the count would overflow.
         """
-        if not isinstance(amount, int) or not wire.I64_MIN <= amount <= wire.I64_MAX:
+        if not isinstance(amount, int) or not storewire.I64_MIN <= amount <= storewire.I64_MAX:
             raise ValueError(f"add amount must be a 64-bit int, got {amount!r}")
-        return self._call(wire.Add(_key(key), amount)).count
+        return self._call(storewire.Add(_key(key), amount)).count
 
     def wait(self, keys: Iterable[str], timeout: float | None = None) -> None:
         """Return once every key is set, waiting up to ``timeout`` seconds (default ``self.timeout``).
@@ -114,21 +114,21 @@ class Store:
         Raises:
             CommTimeout: some keys were not set in time; the message lists them.
         """
-        self._call(wire.Wait(_keys(keys), self._timeout_ms(timeout)))
+        self._call(storewire.Wait(_keys(keys), self._timeout_ms(timeout)))
 
     def check(self, keys: Iterable[str]) -> bool:
         """Whether every key is set, without waiting."""
-        return self._call(wire.Check(_keys(keys))).flag
+        return self._call(storewire.Check(_keys(keys))).flag
 
     def delete_key(self, key: str) -> bool:
         """Remove ``key``; return whether it was there."""
-        return self._call(wire.Delete(_key(key))).flag
+        return self._call(storewire.Delete(_key(key))).flag
 
-    def prefix(self, prefix: str) -> "Store":
+    def prefix(self, prefix: str) -> Store:
         """A view of this store whose keys are ``prefix + "/" + key`` (for subgroups, later rounds)."""
         return PrefixStore(prefix, self)
 
-    def within(self, seconds: float) -> "Store":
+    def within(self, seconds: float) -> Store:
         """A view of this store whose every request ends within ``seconds`` from now: its waits are cut
         to what is left, and a store reached over the network gives up on a silent host then.
 
@@ -143,7 +143,7 @@ class Store:
         return _Within(self, seconds)
 
     @property
-    def base(self) -> "Store":
+    def base(self) -> Store:
         """The store this one is a view of (itself unless it is a prefix view)."""
         return self
 
@@ -156,13 +156,13 @@ class Store:
         """Release this store's connections (and, on the rank that hosts it, the server)."""
         self._closed = True
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         """Answer ``request``, waiting as a get or wait requires; never ``None``.
 
         The one method a store class implements. Callers use the methods above, which check their
@@ -170,7 +170,7 @@ class Store:
         """
         raise NotImplementedError
 
-    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+    def execute_by(self, request: storewire.Request, due: float) -> storewire.Response:
         """Answer ``request`` as :meth:`execute` does, but by ``due`` (``time.monotonic()``) at the latest.
 
         The store of :meth:`within`. Its waits are already cut to ``due``, so a store that answers from
@@ -182,18 +182,18 @@ class Store:
         """
         return self.execute(request)
 
-    def _answer(self, request: wire.Request, due: float | None = None) -> wire.Response:
+    def _answer(self, request: storewire.Request, due: float | None = None) -> storewire.Response:
         if self._closed:
             raise RendezvousError(f"{self!r} is closed")
         return self.execute(request) if due is None else self.execute_by(request, due)
 
-    def _call(self, request: wire.Request) -> wire.Response:
+    def _call(self, request: storewire.Request) -> storewire.Response:
         response = self._answer(request)
-        if isinstance(response, wire.TimedOut):
+        if isinstance(response, storewire.TimedOut):
             missing = listing(map(repr, response.missing))
             raise CommTimeout(f"{self!r}: {_describe(request)} timed out after "
                               f"{request.timeout_ms / 1000:g}s; still missing: {missing}")
-        if isinstance(response, wire.Failed):
+        if isinstance(response, storewire.Failed):
             raise ValueError(f"{self!r}: {response.message}")
         return response
 
@@ -201,11 +201,11 @@ class Store:
         seconds = self.timeout if timeout is None else timeout
         if not seconds >= 0:
             raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
-        return min(math.ceil(seconds * 1000), wire.MAX_TIMEOUT_MS)
+        return min(math.ceil(seconds * 1000), storewire.MAX_TIMEOUT_MS)
 
 
 def _key(key: str) -> str:
-    wire.check_key(key)
+    storewire.check_key(key)
     return key
 
 
@@ -215,8 +215,8 @@ def _keys(keys: Iterable[str]) -> tuple[str, ...]:
     return tuple(_key(key) for key in keys)
 
 
-def _describe(request: wire.Get | wire.Wait) -> str:
-    if isinstance(request, wire.Get):
+def _describe(request: storewire.Get | storewire.Wait) -> str:
+    if isinstance(request, storewire.Get):
         return f"get({request.key!r})"
     return f"wait for {len(request.keys)} keys"
 
@@ -245,14 +245,14 @@ class PrefixStore(Store):
     def base(self) -> Store:
         return self._store.base
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         return self._store._answer(self._prefixed(request))
 
-    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+    def execute_by(self, request: storewire.Request, due: float) -> storewire.Response:
         return self._store._answer(self._prefixed(request), due)
 
-    def _prefixed(self, request: wire.Request) -> wire.Request:
-        if isinstance(request, (wire.Wait, wire.Check)):
+    def _prefixed(self, request: storewire.Request) -> storewire.Request:
+        if isinstance(request, (storewire.Wait, storewire.Check)):
             return replace(request, keys=tuple(self._prefix + key for key in request.keys))
         return replace(request, key=self._prefix + request.key)
 
@@ -284,10 +284,10 @@ class _Within(View):
         super().__init__(store, seconds)
         self._due = time.monotonic() + seconds
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         return self.execute_by(request, self._due)
 
-    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+    def execute_by(self, request: storewire.Request, due: float) -> storewire.Response:
         due = min(due, self._due)
         if time.monotonic() >= due:  # e.g. an earlier call met a frozen host and used the time up
             raise CommTimeout(f"{self!r}: no time left for {type(request).__name__.lower()}")
@@ -311,7 +311,7 @@ class HashStore(Store):
     def __repr__(self) -> str:
         return f"HashStore(<{len(self._data)} keys>)"
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         due = deadline(request)
         with self._changed:
             while (response := apply_request(self._data, request)) is None:
@@ -319,6 +319,6 @@ class HashStore(Store):
                 if remaining <= 0:
                     return timed_out(self._data, request)
                 self._changed.wait(remaining)
-            if isinstance(request, wire.MUTATIONS):
+            if isinstance(request, storewire.MUTATIONS):
                 self._changed.notify_all()
             return response

@@ -27,7 +27,7 @@ import time
 from .. import auth
 from ..errors import ProtocolError, RendezvousError, exhausted
 from ..security import Security
-from . import storewire as wire
+from . import storewire
 from .contents import Contents, StoreLimits
 from .store import apply_request, deadline, timed_out
 
@@ -49,9 +49,9 @@ class _Peer:
         self.sock = sock
         self.shaking = isinstance(sock, ssl.SSLSocket)  # its TLS handshake is not done yet
         self.auth: auth.Responder | None = responder  # the handshake, until the client has passed it
-        self.decoder = wire.RequestDecoder()
+        self.decoder = storewire.RequestDecoder()
         self.queue: collections.deque = collections.deque()  # decoded, not yet started
-        self.current: wire.Request | None = None  # the request being answered (maybe parked)
+        self.current: storewire.Request | None = None  # the request being answered (maybe parked)
         self.due = time.monotonic() + _HANDSHAKE_S  # when ``current`` (first: the handshake) times out
         self.out: collections.deque[memoryview] = collections.deque()  # encoded answers not yet sent
         self.writing = False  # registered for EVENT_WRITE
@@ -194,7 +194,7 @@ class StoreServer:
             return
         except (OSError, ProtocolError):
             data = b""
-        if not data or len(peer.queue) > _MAX_QUEUED or _held(peer.queue) > wire.MAX_VALUE:
+        if not data or len(peer.queue) > _MAX_QUEUED or _held(peer.queue) > storewire.MAX_VALUE:
             self._drop(peer)
 
     def _authenticate(self, peer: _Peer, data: bytes) -> bytes:
@@ -239,16 +239,16 @@ class StoreServer:
                 if time.monotonic() < peer.due:
                     break
                 response = timed_out(self._data, peer.current)
-            changed |= isinstance(peer.current, wire.MUTATIONS)
+            changed |= isinstance(peer.current, storewire.MUTATIONS)
             peer.current = None
-            peer.out.append(memoryview(wire.encode(response)))
+            peer.out.append(memoryview(storewire.encode(response)))
             self._flush(peer)
         return changed
 
-    def _answer(self, request: wire.Request) -> wire.Response | None:
+    def _answer(self, request: storewire.Request) -> storewire.Response | None:
         """The response to ``request`` (``None`` while it waits); a get of :data:`IDENTITY_KEY` is this server's id."""
-        if isinstance(request, wire.Get) and request.key == IDENTITY_KEY:
-            return wire.Value(self.identity)
+        if isinstance(request, storewire.Get) and request.key == IDENTITY_KEY:
+            return storewire.Value(self.identity)
         return apply_request(self._data, request)
 
     def _flush(self, peer: _Peer) -> None:
@@ -278,4 +278,4 @@ class StoreServer:
 
 def _held(queue: collections.deque) -> int:
     """Bytes of the values in requests not yet answered."""
-    return sum(len(request.value) for request in queue if isinstance(request, wire.Set))
+    return sum(len(request.value) for request in queue if isinstance(request, storewire.Set))

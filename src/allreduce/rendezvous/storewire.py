@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar
 
 from ..errors import ProtocolError
 
@@ -111,7 +111,7 @@ class Set:
         return _key(self.key) + self.value
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Set":
+    def parse(cls, r: _Reader) -> Set:
         return cls(r.key(), r.rest())
 
 
@@ -127,7 +127,7 @@ class Get:
         return _key(self.key) + _U32.pack(self.timeout_ms)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Get":
+    def parse(cls, r: _Reader) -> Get:
         return cls(r.key(), r.number(_U32))
 
 
@@ -143,7 +143,7 @@ class Add:
         return _key(self.key) + _I64.pack(self.amount)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Add":
+    def parse(cls, r: _Reader) -> Add:
         return cls(r.key(), r.number(_I64))
 
 
@@ -159,7 +159,7 @@ class Wait:
         return _U32.pack(self.timeout_ms) + _keys(self.keys)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Wait":
+    def parse(cls, r: _Reader) -> Wait:
         timeout_ms = r.number(_U32)
         return cls(r.keys(), timeout_ms)
 
@@ -175,7 +175,7 @@ class Check:
         return _keys(self.keys)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Check":
+    def parse(cls, r: _Reader) -> Check:
         return cls(r.keys())
 
 
@@ -190,7 +190,7 @@ class Delete:
         return _key(self.key)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Delete":
+    def parse(cls, r: _Reader) -> Delete:
         return cls(r.key())
 
 
@@ -207,7 +207,7 @@ class Ok:
         return b""
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Ok":
+    def parse(cls, r: _Reader) -> Ok:
         return cls()
 
 
@@ -222,7 +222,7 @@ class Value:
         return self.value
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Value":
+    def parse(cls, r: _Reader) -> Value:
         return cls(r.rest())
 
 
@@ -237,7 +237,7 @@ class Count:
         return _I64.pack(self.count)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Count":
+    def parse(cls, r: _Reader) -> Count:
         return cls(r.number(_I64))
 
 
@@ -252,7 +252,7 @@ class Flag:
         return bytes([self.flag])
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Flag":
+    def parse(cls, r: _Reader) -> Flag:
         raw = r.take(1)[0]
         if raw > 1:
             raise ProtocolError(f"Flag frame holds {raw}, not 0 or 1")
@@ -270,7 +270,7 @@ class TimedOut:
         return _keys(self.missing)
 
     @classmethod
-    def parse(cls, r: _Reader) -> "TimedOut":
+    def parse(cls, r: _Reader) -> TimedOut:
         return cls(r.keys())
 
 
@@ -285,12 +285,12 @@ class Failed:
         return self.message.encode("utf-8")
 
     @classmethod
-    def parse(cls, r: _Reader) -> "Failed":
+    def parse(cls, r: _Reader) -> Failed:
         return cls(r.rest().decode("utf-8", errors="replace"))
 
 
-Request = Union[Set, Get, Add, Wait, Check, Delete]
-Response = Union[Ok, Value, Count, Flag, TimedOut, Failed]
+Request = Set | Get | Add | Wait | Check | Delete
+Response = Ok | Value | Count | Flag | TimedOut | Failed
 MUTATIONS = (Set, Add, Delete)  # the requests that change the store (and go to a file store's log)
 
 _REQUESTS = {kind.code: kind for kind in (Set, Get, Add, Wait, Check, Delete)}

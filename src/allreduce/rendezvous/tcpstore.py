@@ -27,7 +27,7 @@ from .. import auth, tls
 from ..errors import CommTimeout, PeerLost, ProtocolError, RendezvousError, exhausted
 from ..security import Security
 from ..settings import DEFAULT_TIMEOUT
-from . import storewire as wire
+from . import storewire
 from .contents import StoreLimits
 from .store import Store
 from .storeserver import HANDSHAKE_CONTEXT, IDENTITY_KEY, RECV_BYTES, StoreServer
@@ -39,11 +39,11 @@ class _Link:
     def __init__(self, sock: socket.socket, where: str):
         self._sock = sock
         self._where = where
-        self._decoder = wire.ResponseDecoder()
+        self._decoder = storewire.ResponseDecoder()
 
-    def roundtrip(self, request: wire.Request, due: float) -> wire.Response:
+    def roundtrip(self, request: storewire.Request, due: float) -> storewire.Response:
         """Send ``request`` and read its answer by ``due`` (``time.monotonic()``)."""
-        frame = wire.encode(request)
+        frame = storewire.encode(request)
         responses: list = []
         wait_s = max(due - time.monotonic(), 0.0)
         try:
@@ -80,8 +80,9 @@ class TCPStore(Store):
     included, then connects as a client, retrying with backoff for ``timeout`` seconds since the
     host may start later. ``world_size`` sizes the server's listen backlog, and ``limits`` caps what
     it holds. ``security`` is the job's key and TLS (:class:`~allreduce.security.Security`; default: no
-    secret, no TLS), the same on every rank: the edge builds it from the settings. ``timeout`` is also the default wait of ``get`` and ``wait`` (default: the group's
-    timeout, 10 minutes), and what a request may take beyond its wait before the client gives up.
+    secret, no TLS), the same on every rank: the edge builds it from the settings. ``timeout`` is also
+    the default wait of ``get`` and ``wait`` (default: the group's timeout, 10 minutes), and what a
+    request may take beyond its wait before the client gives up.
 
     Example (two ranks)::
 
@@ -132,11 +133,11 @@ class TCPStore(Store):
         if self._server is not None:
             self._server.close()
 
-    def execute(self, request: wire.Request) -> wire.Response:
+    def execute(self, request: storewire.Request) -> storewire.Response:
         wait_s = getattr(request, "timeout_ms", 0) / 1000
         return self.execute_by(request, time.monotonic() + self.timeout + wait_s)
 
-    def execute_by(self, request: wire.Request, due: float) -> wire.Response:
+    def execute_by(self, request: storewire.Request, due: float) -> storewire.Response:
         with self._idle_lock:
             link = self._idle.pop() if self._idle else None
         if link is None:
@@ -187,8 +188,8 @@ class TCPStore(Store):
         its host may open another on the same port (a new group there), whose keys no request meant
         for the old one may touch (a late goodbye, a heartbeat, a failure report)."""
         try:
-            server_id = link.roundtrip(wire.Get(IDENTITY_KEY, 0), due)
-            if not isinstance(server_id, wire.Value):
+            server_id = link.roundtrip(storewire.Get(IDENTITY_KEY, 0), due)
+            if not isinstance(server_id, storewire.Value):
                 raise ProtocolError(f"store at {self.host}:{self.port} did not say which server it is")
         except BaseException:
             link.close()

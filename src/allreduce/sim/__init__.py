@@ -1,13 +1,13 @@
 """The simulator: the registry's own schedules, timed on a modelled network instead of run on a real one.
 
 :func:`simulate` reads a collective's schedules into per-step message arrays (``model/traffic.py``)
-and times them (``engine.py``) on a :class:`Network` (``model/network.py``: alpha, beta, duplex and a
+and times them (``timing.py``) on a :class:`Network` (``model/network.py``: alpha, beta, duplex and a
 per-step cost per class of link, the hosts' NICs, gamma per byte reduced, and cores shared by each
 step's busy ranks). Nothing here opens a socket or starts a
 thread, so any world size can be predicted on a laptop: algorithms that are the same on every rank up
 to a rotation are run on one host's worth of ranks (a *cell*), and pipelines of many chunks are run at
 two shorter lengths and extended along the straight line their time follows once the pipeline is full.
-``tests/unit/test_sim.py`` checks both shortcuts against the full step-by-step run.
+``tests/unit/test_sim.py`` checks both abridgements against the full step-by-step run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..algorithms import Algorithm, get
 from ..model import traffic
 from ..model.network import Link, Network
 from ..trace import Trace
-from . import engine
+from . import timing
 
 __all__ = ["Link", "Network", "Result", "simulate"]
 
@@ -113,7 +113,7 @@ class _Timed:
 def _timed(collective, algorithm, size, count, itemsize, network, root, trace, trace_ranks, options) -> _Timed:
     flow = traffic.extract(collective, algorithm, size, count, itemsize, network.hosts, root, **options)
     hook = _Tracer(flow, trace, trace_ranks) if trace is not None else None
-    finish = engine.run(flow, network, hook)
+    finish = timing.run(flow, network, hook)
     if hook is not None:
         hook.close(finish)
     return _Timed(float(finish.max(initial=0.0)), flow.steps, flow.messages, "cell" if flow.ranks < size else "full")
@@ -130,7 +130,7 @@ def _chunk_option(entry: Algorithm, options: dict) -> int | None:
 
 
 class _Tracer:
-    """Turns the engine's per-step times into spans for the first ranks (see :mod:`allreduce.trace`)."""
+    """Turns the per-step times of :mod:`.timing` into spans for the first ranks (see :mod:`allreduce.trace`)."""
 
     def __init__(self, flow: traffic.Traffic, trace: Trace, ranks: int):
         self.flow, self.trace, self.ranks = flow, trace, min(ranks, flow.ranks)

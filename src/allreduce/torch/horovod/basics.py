@@ -2,7 +2,8 @@
 
 ``hvd.init()`` joins allreduce's default group (``allreduce.init_process_group()``: ``env://``, so it
 runs under ``allreduce run``, ``torchrun``, ``mpirun`` and ``srun``), or adopts it when the script
-formed it already; a process started without a launcher is a job of one rank, as in Horovod. ``local_*``/``cross_*`` come from the group's topology, in Horovod's vocabulary.
+formed it already; a process started without a launcher is a job of one rank, as in Horovod.
+``local_*``/``cross_*`` come from the group's topology, in Horovod's vocabulary.
 
 The ``*_built()``/``*_enabled()`` queries answer truthfully for this library: it is built on none of
 MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm kernels (CUDA tensors are staged through host memory), so

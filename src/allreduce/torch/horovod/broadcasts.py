@@ -44,7 +44,7 @@ def submit_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
 
         return Pending([work], done)
 
-    return negotiation.submit(group, negotiation.Request("broadcast", name, agreed, start))
+    return negotiation.submit(group, negotiation.Operation("broadcast", name, agreed, start))
 
 
 class _Broadcast(torch.autograd.Function):
@@ -98,14 +98,17 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         broadcast_object_list(objects, src=src, group=group)
         return Pending([], lambda: objects[0])
 
-    return negotiation.run(group, negotiation.Request("broadcast_object", name, {"root_rank": root_rank}, start))
+    return negotiation.run(group, negotiation.Operation("broadcast_object", name, {"root_rank": root_rank}, start))
 
 
 def barrier(process_set=global_process_set) -> None:
     """Return once every rank of ``process_set`` has called it."""
     group = group_of(process_set)
-    negotiation.run(group, negotiation.Request("barrier", None, {}, lambda: Pending([api.barrier(group, async_op=True)],
-                                                                                     lambda: None)))
+
+    def start() -> Pending:
+        return Pending([api.barrier(group, async_op=True)], lambda: None)
+
+    negotiation.run(group, negotiation.Operation("barrier", None, {}, start))
 
 
 def join(device: int = -1) -> int:
@@ -118,4 +121,4 @@ def join(device: int = -1) -> int:
         hvd.join()                                # both: 1
     """
     world = global_process_set.group
-    return joining.join(lambda: negotiation.run(world, negotiation.Request(negotiation.JOIN, None)))
+    return joining.join(lambda: negotiation.run(world, negotiation.Operation(negotiation.JOIN, None)))

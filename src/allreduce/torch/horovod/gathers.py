@@ -62,7 +62,7 @@ def submit_allgather(tensors, process_set, name=None) -> negotiation.Ticket:
         started = [_start_allgather(t, group) for t in tensors]
         return Pending([w for p, _ in started for w in p.works], lambda: [(p.finish(), rows) for p, rows in started])
 
-    return negotiation.submit(group, negotiation.Request("allgather", name, agreed, start))
+    return negotiation.submit(group, negotiation.Operation("allgather", name, agreed, start))
 
 
 class _Allgather(torch.autograd.Function):
@@ -180,7 +180,7 @@ def submit_alltoall(tensor: torch.Tensor, splits, process_set, name=None) -> neg
                                      async_op=True)
         return Pending([work], lambda: (output.to(tensor.device), torch.tensor(received, dtype=torch.int32)))
 
-    return negotiation.submit(group, negotiation.Request("alltoall", name, agreed, start))
+    return negotiation.submit(group, negotiation.Operation("alltoall", name, agreed, start))
 
 
 class _Alltoall(torch.autograd.Function):
@@ -229,4 +229,4 @@ def allgather_object(obj, name=None, process_set=global_process_set) -> list:
         all_gather_object(gathered, obj, group=group)
         return Pending([], lambda: gathered)
 
-    return negotiation.run(group, negotiation.Request("allgather_object", name, {}, start))
+    return negotiation.run(group, negotiation.Operation("allgather_object", name, {}, start))

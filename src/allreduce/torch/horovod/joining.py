@@ -17,7 +17,7 @@ all-reduce per reduction (a fused bucket of the optimizer is one reduction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -33,7 +33,7 @@ REDUCE, ADASUM = 1, 2  # the kinds of reduction: reduction.start, adasum.start
 
 
 @dataclass(frozen=True)
-class Request:
+class Reduction:
     """One reduction, as the agreement describes it."""
 
     kind: int  # REDUCE or ADASUM
@@ -47,15 +47,15 @@ class Request:
         return torch.tensor([active] + [active * c for c in describe(self)], dtype=torch.int64)
 
 
-def describe(request: Request) -> list[int]:
+def describe(request: Reduction) -> list[int]:
     """``request`` as five ints (what an agreement sums, what a negotiation announces)."""
     return [request.kind, request.count, dtypes.code_of(request.dtype), int(request.op), dtypes.code_of(request.wire)]
 
 
-def parse(codes: list[int]) -> Request:
+def parse(codes: list[int]) -> Reduction:
     """The request that :func:`describe` gave ``codes`` for."""
     kind, count, dtype, op, wire = codes
-    return Request(kind, count, dtypes.dtype_of(dtype), ReduceOp(op), dtypes.dtype_of(wire))
+    return Reduction(kind, count, dtypes.dtype_of(dtype), ReduceOp(op), dtypes.dtype_of(wire))
 
 
 class Channel:
@@ -94,7 +94,7 @@ def close_channel(channel: Channel | None) -> None:
         _CHANNELS.remove(channel)
 
 
-def agree(channel: Channel | None, request: Request) -> None:
+def agree(channel: Channel | None, request: Reduction) -> None:
     """Tell joined ranks which reduction comes next (nothing to do without a channel).
 
     Raises:
@@ -143,7 +143,7 @@ def _serve(channel: Channel) -> None:
         contribute(parse(codes), g)
 
 
-def contribute(request: Request, group) -> None:
+def contribute(request: Reduction, group) -> None:
     """Run ``request``'s collectives with the identity of its op as this rank's share."""
     flat = torch.full((request.count,), _identity(request.op, request.dtype), dtype=request.dtype)
     compressor = Compression.none if request.wire == request.dtype else Cast(request.wire)

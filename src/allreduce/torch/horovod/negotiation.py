@@ -5,7 +5,7 @@ thing before it runs: a rank may have several operations in flight, ranks may is
 orders, and a mismatch (another dtype, shape, op or root) is refused on every rank while the set stays
 usable. This module does the same on the caller's thread:
 
-- A call builds a :class:`Request`: its kind, its name (``<kind>.<name>``, or ``<kind>.noname.<n>``
+- A call builds an :class:`Operation`: its kind, its name (``<kind>.<name>``, or ``<kind>.noname.<n>``
   when the caller gave none, counted per kind from the last ``join``, so unnamed calls pair up in
   issue order), the fields every rank must agree on, and ``start``, which runs its collectives.
   ``submit`` *queues* it and returns a :class:`Ticket` (the handle's object). A second request with
@@ -53,7 +53,7 @@ import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -69,20 +69,20 @@ SLOT = 512  # bytes per rank of a round's all-gather: most rounds' texts fit (el
 
 
 @dataclass
-class Request:
+class Operation:
     """One Horovod operation, as the ranks negotiate it."""
 
     kind: str  # Horovod's op: "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", ...
     name: str | None  # the caller's name=, or None for an automatic one
     agreed: dict = field(default_factory=dict)  # field -> JSON-able value every rank must give alike
     start: Callable[[], Pending] | None = None  # runs the collectives once agreed (None: nothing to run)
-    serves: joining.Request | None = None  # what a joined rank contributes (None: refused while one is joined)
+    serves: joining.Reduction | None = None  # what a joined rank contributes (None: refused while one is joined)
 
 
 class Ticket:
-    """A submitted :class:`Request`: ``done()`` once its collectives are done, ``wait()`` its result."""
+    """A submitted :class:`Operation`: ``done()`` once its collectives are done, ``wait()`` its result."""
 
-    def __init__(self, negotiator: Negotiator, request: Request):
+    def __init__(self, negotiator: Negotiator, request: Operation):
         self.negotiator, self.request = negotiator, request
         self.pending: Pending | None = None
         self.error: Exception | None = None
@@ -129,7 +129,7 @@ class Negotiator:
         self.counters: Counter = Counter()
         self.rounds = itertools.count(1)
 
-    def submit(self, request: Request) -> Ticket:
+    def submit(self, request: Operation) -> Ticket:
         """Queue ``request``; it is announced at this rank's next round.
 
         Raises:
@@ -296,12 +296,12 @@ def negotiator_of(group) -> Negotiator:
     return found
 
 
-def submit(group, request: Request) -> Ticket:
+def submit(group, request: Operation) -> Ticket:
     """Queue ``request`` on ``group``'s negotiator (see :meth:`Negotiator.submit`)."""
     return negotiator_of(group).submit(request)
 
 
-def run(group, request: Request):
+def run(group, request: Operation):
     """Submit ``request`` and wait for its result (a blocking Horovod call)."""
     return submit(group, request).wait()
 

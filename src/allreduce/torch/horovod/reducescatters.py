@@ -78,7 +78,7 @@ def submit_reducescatter(tensors, op, compression: Compressor, process_set, pres
         started = [_start_one(t, op, compression, group, prescale_factor, postscale_factor) for t in tensors]
         return Pending([w for p in started for w in p.works], lambda: [p.finish() for p in started])
 
-    return negotiation.submit(group, negotiation.Request("reducescatter", name, agreed, start))
+    return negotiation.submit(group, negotiation.Operation("reducescatter", name, agreed, start))
 
 
 class _Reducescatter(torch.autograd.Function):

@@ -101,8 +101,8 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
     divides = dtype.is_floating_point or dtype.is_complex  # else: Horovod's truncating scale
     plain = op in reduction.REDUCTIONS and wire == dtype and dtype not in reduction.HALF  # summed as it is
     reduce_op = ReduceOp.SUM if op is ReduceOp.AVG and (plain or not divides) else op
-    serves = (joining.Request(joining.ADASUM, count, dtype, ReduceOp.SUM, wire) if op is ADASUM else
-              joining.Request(joining.REDUCE, count, dtype, reduce_op, wire))
+    serves = (joining.Reduction(joining.ADASUM, count, dtype, ReduceOp.SUM, wire) if op is ADASUM else
+              joining.Reduction(joining.REDUCE, count, dtype, reduce_op, wire))
     agreed = {"op": repr(op), "dtype": str(dtype), "shapes": [list(t.shape) for t in tensors],
               "prescale_factor": prescale_factor, "postscale_factor": postscale_factor, "wire dtype": str(wire)}
 
@@ -138,7 +138,7 @@ def submit_allreduce(tensors, outputs, op, prescale_factor: float = 1.0, postsca
 
         return Pending([work], done)
 
-    return negotiation.submit(group, negotiation.Request("allreduce", name, agreed, start, serves))
+    return negotiation.submit(group, negotiation.Operation("allreduce", name, agreed, start, serves))
 
 
 def _sum(flat: torch.Tensor, group):

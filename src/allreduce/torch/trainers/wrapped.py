@@ -178,7 +178,7 @@ class WrappedOptimizer(torch.optim.Optimizer):
     def _agree(self, kind: int, op, flat: torch.Tensor) -> None:
         """Announce the reduction of ``flat`` to joined ranks (nothing to do outside ``hvd.init``)."""
         wire = self.compression.wire_dtype_for(flat.dtype)
-        joining.agree(self._channel, joining.Request(kind, flat.numel(), flat.dtype, op, wire))
+        joining.agree(self._channel, joining.Reduction(kind, flat.numel(), flat.dtype, op, wire))
 
 
 def evaluate(closure):

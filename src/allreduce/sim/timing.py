@@ -1,6 +1,6 @@
 """Times :class:`~allreduce.model.traffic.Traffic` on a :class:`~allreduce.model.network.Network`.
 
-The engine keeps, per rank, the time it finished its last step (``ready``); there is no global clock
+Each rank has the time it finished its last step (``ready``); there is no global clock
 tick, so fast ranks run ahead exactly as the executor lets them. One step at a time, for all its
 messages at once (numpy):
 
@@ -20,17 +20,17 @@ messages at once (numpy):
 5. a rank's step ends when all its messages (and reductions) have.
 
 Shares are settled per step: the messages of one step on one port are taken to start together,
-which is what a bulk-synchronous step does and what keeps the engine vectorized.
+which is what a bulk-synchronous step does and what keeps the timing vectorized.
 
 *Runs of equal steps.* Each step maps the ranks' times through maxima and fixed additions, so
 delaying every rank by ``c`` delays the result by ``c``. A ring repeats one step ``n - 1`` times;
 once such a step moves every rank by the same time, every later repetition does too, and the rest of
-the run is skipped by adding that time (exact; ``tests/unit/test_sim_shortcuts.py`` checks it).
+the run is skipped by adding that time (exact; ``tests/unit/test_sim_abridged.py`` checks it).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from ..model.traffic import Traffic
 StepHook = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
 
 
-def run(traffic: Traffic, network: Network, on_step: Optional[StepHook] = None) -> np.ndarray:
+def run(traffic: Traffic, network: Network, on_step: StepHook | None = None) -> np.ndarray:
     """Run ``traffic`` over ``network``; return each simulated rank's finishing time in seconds."""
     if network.stretch(traffic.size) > 1.0:  # ranks outnumber cores: stretched by each step's busy ranks
         busy = traffic.busy()
@@ -81,7 +81,8 @@ def _step(traffic: Traffic, network: Network, ready: np.ndarray, s: int, ports: 
     if cross.any():
         load[cross] = np.maximum(load[cross], _load(traffic.src_host[a:b][cross], traffic.dst_host[a:b][cross],
                                                     nbytes[cross], traffic.hosts, inter.duplex))
-    end = t0 + np.where(cross, inter.alpha + inter.step, intra.alpha + intra.step) + load * np.where(cross, inter.beta, intra.beta)
+    end = (t0 + np.where(cross, inter.alpha + inter.step, intra.alpha + intra.step)
+           + load * np.where(cross, inter.beta, intra.beta))
     reduced = np.bincount(dst, weights=nbytes * traffic.reduce[a:b], minlength=traffic.ranks)
     done = end + np.where(traffic.reduce[a:b], reduced[dst] * network.gamma, 0.0)
     if on_step is not None:
