@@ -13,14 +13,14 @@ from __future__ import annotations
 from .. import api
 from .arrays import array_of as _array_of
 from .comm import COMM_NULL, COMM_SELF, COMM_WORLD, UNDEFINED, Comm, Intercomm, finalize, init_world
-from .datatypes import *  # noqa: F401,F403 - every datatype name MPI has
+from .datatypes import *  # noqa: F403 - every datatype name MPI has
 from .constants import BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType, BufferAutomaticType, InPlaceType
 from .commctx import commctx_inter as _commctx_inter, commctx_intra as _commctx_intra  # mpi4py.util.pkl5's
 from .datatypes import Datatype
 from .typecodes import typealign_of as _typealign, typecode_of as _typecode  # mpi4py.util uses both
-from .environment import *  # noqa: F401,F403 - versions, thread levels, the environment's constants
-from .memory import *  # noqa: F401,F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
-from .errorcodes import *  # noqa: F401,F403 - the error classes
+from .environment import *  # noqa: F403 - versions, thread levels, the environment's constants
+from .memory import *  # noqa: F403 - MPI.buffer, Alloc_mem, attached buffers (once environment's)
+from .errorcodes import *  # noqa: F403 - the error classes
 from .errorcodes import ERR_DIMS, NAMES as _ERROR_NAMES, Exception, error as _error
 from .groups import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .handles import addressof as _addressof, handleof as _handleof, sizeof as _sizeof  # mpi4py's object model

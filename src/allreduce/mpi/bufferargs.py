@@ -115,9 +115,11 @@ def vector(spec, size: int, what: str, writable: bool) -> tuple[np.ndarray, list
     counts = [elements.size // per // size] * size if counts is None else _integers(counts, size, 0)
     displs = displacements(counts) if displs is None else _integers(displs, size, 1)
     if len(counts) != size or len(displs) != size:
-        raise ValueError(f"{what}: needs one count and displacement per rank ({size}), got {len(counts)} and {len(displs)}")
+        raise ValueError(f"{what}: needs one count and displacement per rank ({size}), "
+                         f"got {len(counts)} and {len(displs)}")
     if any(c < 0 or d < 0 or (d + c) * per > elements.size for c, d in zip(counts, displs)):
-        raise ValueError(f"{what}: blocks (counts {counts}, displs {displs}) do not fit in its {elements.size // per} elements")
+        raise ValueError(f"{what}: blocks (counts {counts}, displs {displs}) do not fit in its "
+                         f"{elements.size // per} elements")
     return elements, [c * per for c in counts], [d * per for d in displs]
 
 
@@ -135,7 +137,7 @@ def _integers(given, size: int, stride: int) -> list[int]:
     return [one * r for r in range(size)] if stride else [one] * size
 
 
-def datatype_argument(spec, dtype) -> "Datatype":
+def datatype_argument(spec, dtype) -> Datatype:
     """The datatype a buffer argument names, else the one of ``dtype``."""
     if isinstance(spec, (list, tuple)) and spec and _is_datatype(spec[-1]):
         return _datatype(spec[-1])
@@ -180,7 +182,8 @@ def _vector_parts(spec, what: str) -> tuple:
             raise ValueError(f"{what}: (counts, displs) must be a pair, got {rest[0]!r}")
         rest = list(rest[0])  # [data, (counts, displs), ...]
     if len(rest) > 2:
-        raise ValueError(f"{what}: a vector buffer argument is [data, counts, displs, datatype] or shorter, got {len(spec)} items")
+        raise ValueError(f"{what}: a vector buffer argument is [data, counts, displs, datatype] or shorter, "
+                         f"got {len(spec)} items")
     counts, displs = (rest + [None, None])[:2]
     return data, counts, displs, datatype
 

@@ -75,10 +75,10 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
         comm.allreduce(comm.rank + 1)          # both: 3
     """
 
-    def __new__(cls, comm: "Comm | None" = None):
+    def __new__(cls, comm: Comm | None = None):
         return super().__new__(cls)  # mpi4py's subclasses (mpi4py.util.pkl5) call Comm.__new__(cls, comm)
 
-    def __init__(self, comm: "Comm | None" = None):
+    def __init__(self, comm: Comm | None = None):
         if comm is None:
             self._handle = _Handle()
         elif isinstance(comm, Comm):
@@ -87,7 +87,7 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
             raise TypeError(f"{type(self).__name__}() takes a communicator, got {type(comm).__name__}")
 
     @classmethod
-    def _of(cls, group, kind: str | None = None, name: str = "") -> "Comm":
+    def _of(cls, group, kind: str | None = None, name: str = "") -> Comm:
         made = cls()
         made._handle = _Handle(group, kind, name)
         return made
@@ -146,7 +146,7 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
 
     topology = property(Get_topology)
 
-    def Compare(self, comm: "Comm") -> int:
+    def Compare(self, comm: Comm) -> int:
         """``IDENT`` (the same communicator), ``CONGRUENT`` (same ranks, same order), ``SIMILAR`` (same
         ranks) or ``UNEQUAL``; callable as ``MPI.Comm.Compare(a, b)`` too."""
         mine, theirs = self.process_group().ranks, comm.process_group().ranks
@@ -274,14 +274,14 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
 
     # ---- new communicators -----------------------------------------------------------------------
 
-    def _formed(self, splits: list[list[int]]) -> "Comm":
+    def _formed(self, splits: list[list[int]]) -> Comm:
         """The communicator of the split holding this rank (``COMM_NULL`` if none); every rank calls it."""
         if not splits:
             return Comm()
         group = api.split_group(self.process_group(), splits)
         return Comm() if isinstance(group, api.NonMember) else Comm._of(group)
 
-    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+    def Split(self, color: int = 0, key: int = 0) -> Comm:
         """Ranks of equal ``color`` form a new communicator, ordered by ``key`` then by rank here;
         ``color=MPI.UNDEFINED`` gives ``COMM_NULL``. Every rank of this communicator calls it."""
         chosen = self.allgather((int(color), int(key)))
@@ -291,14 +291,14 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
         return self._formed([sorted((r for r, (c, _) in enumerate(chosen) if c == color_),
                                     key=lambda r: (chosen[r][1], r)) for color_ in colors])
 
-    def Split_type(self, split_type: int, key: int = 0, info: Info = INFO_NULL) -> "Comm":
+    def Split_type(self, split_type: int, key: int = 0, info: Info = INFO_NULL) -> Comm:
         """``COMM_TYPE_SHARED``: one communicator per host (ranks that share memory); ``UNDEFINED``
         gives ``COMM_NULL``, and so do the hardware-guided types, whose resources are not known here."""
         g = self.process_group()
         color = g.topology.host if split_type == environment.COMM_TYPE_SHARED else UNDEFINED
         return self.Split(color, key)
 
-    def Dup(self, info: Info | None = None) -> "Comm":
+    def Dup(self, info: Info | None = None) -> Comm:
         """A communicator of the same ranks, and of this one's class, whose messages and collectives
         never meet this one's. ``info`` hints are accepted and, as MPI allows, ignored."""
         made = type(self)._of(api.split_group(self.process_group()))
@@ -307,17 +307,17 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
 
     Clone = Dup
 
-    def Dup_with_info(self, info: Info) -> "Comm":
+    def Dup_with_info(self, info: Info) -> Comm:
         return self.Dup(info)
 
-    def Idup(self, info: Info | None = None) -> tuple["Comm", Request]:
+    def Idup(self, info: Info | None = None) -> tuple[Comm, Request]:
         """``Dup``, which completes at once here, and its completed request."""
         return self.Dup(info), Request(active=True)
 
-    def Idup_with_info(self, info: Info) -> tuple["Comm", Request]:
+    def Idup_with_info(self, info: Info) -> tuple[Comm, Request]:
         return self.Idup(info)
 
-    def Create(self, group: Group) -> "Comm":
+    def Create(self, group: Group) -> Comm:
         """The communicator of ``group``'s ranks (a subgroup of this one's, in its order); ranks outside
         it get ``COMM_NULL``. Every rank of this communicator calls it, with the same group."""
         members = self.Get_group().Translate_ranks(None, None)
@@ -326,7 +326,7 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
             raise error(errorcodes.ERR_GROUP, f"the group {wanted} holds ranks outside this communicator")
         return self._formed([[members.index(w) for w in wanted]] if wanted else [])
 
-    def Create_group(self, group: Group, tag: int = 0) -> "Comm":
+    def Create_group(self, group: Group, tag: int = 0) -> Comm:
         """``Create``, when every rank of this communicator is in ``group`` (forming a communicator of
         only some ranks, with no part taken by the others, is not supported)."""
         if group.Get_size() != self.Get_size():
@@ -357,7 +357,7 @@ class Comm(Handle, BufferCollectives, Reductions, PointToPoint, ObjectCollective
         os._exit(errorcode)
 
     @classmethod
-    def Get_parent(cls) -> "Comm":
+    def Get_parent(cls) -> Comm:
         """A null inter-communicator (equal to ``COMM_NULL``): no process here was spawned by another."""
         return Intercomm()
 

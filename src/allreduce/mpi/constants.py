@@ -15,7 +15,7 @@ from .. import native
 class _Constant(native.exporter_base()):
     """One of MPI's address constants: ``type(constant)()`` is the constant itself."""
 
-    _instance: "_Constant | None" = None
+    _instance: _Constant | None = None
     _name = ""
     _address = 0
 

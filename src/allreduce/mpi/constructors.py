@@ -182,7 +182,8 @@ class Constructors:
         coords = np.unravel_index(rank, psizes)  # MPI's process grid is row-major whatever the order
         indices = [derived.owned(g, d, a, p, int(c)) for g, d, a, p, c in zip(gsizes, distribs, dargs, psizes, coords)]
         layout = derived.picked(self.typemap, gsizes, indices, fortran=order == 1)
-        return self._made(layout, COMBINER_DARRAY, [size, rank, len(gsizes), *gsizes, *distribs, *dargs, *psizes, order],
+        integers = [size, rank, len(gsizes), *gsizes, *distribs, *dargs, *psizes, order]
+        return self._made(layout, COMBINER_DARRAY, integers,
                           [], [self], {"size": size, "rank": rank, "gsizes": gsizes, "distribs": distribs,
                                        "dargs": dargs, "psizes": psizes, "order": order})
 

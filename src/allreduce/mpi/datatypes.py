@@ -38,7 +38,7 @@ class Datatype(Handle, Constructors):
     many of those one element holds; so is a pair type's (named, with a layout).
     """
 
-    dtype: "np.dtype | Datatype | None" = None  # the basic element (a Datatype: another handle of it)
+    dtype: np.dtype | Datatype | None = None  # the basic element (a Datatype: another handle of it)
     name: str = "MPI_DATATYPE_NULL"  # MPI's name, e.g. MPI_DOUBLE
     count: int = 1  # basic elements in one element of this type
     combiner: int = COMBINER_NAMED  # how the type was made
@@ -163,7 +163,7 @@ class Datatype(Handle, Constructors):
         old = datatypes[0] if len(datatypes) == 1 else DATATYPE_NULL
         return old, self.combiner_name, dict(params)
 
-    def Dup(self) -> "Datatype":
+    def Dup(self) -> Datatype:
         """A new type, the same as this one (``COMBINER_DUP``)."""
         self._basic()
         return Datatype(self.dtype, self.name, self.count, COMBINER_DUP, self.layout, ([], [], [self], {}))
@@ -171,7 +171,7 @@ class Datatype(Handle, Constructors):
     Create_dup = Dup
 
     @classmethod
-    def fromcode(cls, code: str) -> "Datatype":
+    def fromcode(cls, code: str) -> Datatype:
         """The predefined datatype of a typecode (``"d"``, ``"i4"``, ``"?"``...), as mpi4py maps them.
 
         Raises:
@@ -202,7 +202,7 @@ class Datatype(Handle, Constructors):
         raise _error(ERR_KEYVAL, f"{keyval} is not an attribute key of a datatype")
 
     @classmethod
-    def Match_size(cls, typeclass: int, size: int) -> "Datatype":
+    def Match_size(cls, typeclass: int, size: int) -> Datatype:
         """The predefined type of ``typeclass`` (``TYPECLASS_INTEGER``...) that is ``size`` bytes.
 
         Raises:
@@ -214,7 +214,7 @@ class Datatype(Handle, Constructors):
         return found
 
     @classmethod
-    def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":
+    def Get_value_index(cls, value: Datatype, index: Datatype) -> Datatype:
         """The predefined pair type of (``value``, ``index``) that MINLOC/MAXLOC reduce: ``FLOAT_INT``
         for (``FLOAT``, ``INT``)...; ``DATATYPE_NULL`` for any other pair (an index not ``INT``).
 
@@ -227,10 +227,10 @@ class Datatype(Handle, Constructors):
             return DATATYPE_NULL
         return next((pair for pair, of in _PAIRS if of == value), DATATYPE_NULL)
 
-    def Commit(self) -> "Datatype":
+    def Commit(self) -> Datatype:
         """Ready the type for communication: its layout's byte index is computed here, once."""
         if not self.dense:
-            self.typemap.byte_index
+            _ = self.typemap.byte_index  # computed once, on first read
         self._basic()
         return self
 

@@ -29,7 +29,7 @@ class Layout:
     ub: int  # upper bound, in bytes: extent = ub - lb
 
     @classmethod
-    def of(cls, dtype: np.dtype, count: int = 1) -> "Layout":
+    def of(cls, dtype: np.dtype, count: int = 1) -> Layout:
         """``count`` elements of the basic ``dtype`` back to back."""
         dtype = np.dtype(dtype)
         return cls(np.arange(count, dtype=np.int64) * dtype.itemsize, np.zeros(count, np.intp), (dtype,), 0,
@@ -94,7 +94,7 @@ class Layout:
             return 1 if self.size else 0
         return (nbytes - high) // self.extent + 1
 
-    def shifted(self, by: int) -> "Layout":
+    def shifted(self, by: int) -> Layout:
         """This layout with every offset and bound ``by`` bytes lower (its bytes seen from ``by``)."""
         return Layout(self.offsets - by, self.kinds, self.basics, self.lb - by, self.ub - by)
 

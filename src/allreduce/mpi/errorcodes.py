@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 
 _CLASSES = {  # name: (code, what it means)
-    "SUCCESS": (0, "no errors"), "ERR_BUFFER": (1, "invalid buffer pointer"), "ERR_COUNT": (2, "invalid count argument"),
+    "SUCCESS": (0, "no errors"), "ERR_BUFFER": (1, "invalid buffer pointer"),
+    "ERR_COUNT": (2, "invalid count argument"),
     "ERR_TYPE": (3, "invalid datatype"), "ERR_TAG": (4, "invalid tag"), "ERR_COMM": (5, "invalid communicator"),
     "ERR_RANK": (6, "invalid rank"), "ERR_REQUEST": (7, "invalid request"), "ERR_ROOT": (8, "invalid root"),
     "ERR_GROUP": (9, "invalid group"), "ERR_OP": (10, "invalid reduce operation"),
@@ -45,6 +46,7 @@ _CLASSES = {  # name: (code, what it means)
     "ERR_ERRHANDLER": (92, "invalid error handler"),
 }
 globals().update({name: code for name, (code, _) in _CLASSES.items()})
+SUCCESS, ERR_ARG, ERR_UNKNOWN = (_CLASSES[name][0] for name in ("SUCCESS", "ERR_ARG", "ERR_UNKNOWN"))  # used below
 ERR_LASTCODE = 92
 ERR_ABI = 92
 NAMES = tuple(_CLASSES) + ("ERR_LASTCODE", "ERR_ABI")
@@ -55,7 +57,7 @@ LASTUSEDCODE = 5  # the MPI attribute key under which Comm.Get_attr answers the 
 
 
 @functools.total_ordering
-class Exception(RuntimeError):  # noqa: A001 - mpi4py's name
+class Exception(RuntimeError):
     """An MPI error: ``Get_error_code()``, ``Get_error_class()``, ``Get_error_string()`` as in mpi4py;
     it compares, hashes and converts as its code (``MPI.Exception(MPI.ERR_ARG) == MPI.ERR_ARG``)."""
 

@@ -25,13 +25,13 @@ class _Handle:
 class Group(Handle):
     """An ordered set of ranks, each a rank of the world; ``Group()`` is ``GROUP_NULL``."""
 
-    def __init__(self, group: "Group | None" = None):
+    def __init__(self, group: Group | None = None):
         if group is not None and not isinstance(group, Group):
             raise TypeError(f"Group() takes a Group, got {type(group).__name__}")
         self._handle = group._handle if group is not None else _NULL
 
     @classmethod
-    def of(cls, members, me: int | None) -> "Group":
+    def of(cls, members, me: int | None) -> Group:
         """The group of the world ranks ``members``, in order; ``me`` is this process's world rank."""
         made = cls()
         made._handle = _Handle(tuple(int(m) for m in members), me)
@@ -78,7 +78,7 @@ class Group(Handle):
             return type(self), (GROUP_EMPTY,)
         raise ValueError(f"cannot pickle {self!r}: only the predefined groups travel")
 
-    def Dup(self) -> "Group":
+    def Dup(self) -> Group:
         return Group.of(self._members(), self._handle.me)
 
     def Free(self) -> None:
@@ -87,14 +87,14 @@ class Group(Handle):
         if self is not GROUP_EMPTY:
             self._handle = _NULL
 
-    def Compare(self, group: "Group") -> int:
+    def Compare(self, group: Group) -> int:
         """``IDENT`` (same members, same order), ``SIMILAR`` (same members) or ``UNEQUAL``."""
         mine, theirs = self._members(), group._members()
         if mine == theirs:
             return IDENT
         return SIMILAR if set(mine) == set(theirs) else UNEQUAL
 
-    def Translate_ranks(self, ranks=None, group: "Group | None" = None) -> list[int]:
+    def Translate_ranks(self, ranks=None, group: Group | None = None) -> list[int]:
         """The ranks in ``group`` (default: the world's order) of the given ranks of this group
         (default: all); ``UNDEFINED`` where not a member, ``PROC_NULL`` stays ``PROC_NULL``."""
         mine = self._members()
@@ -111,41 +111,41 @@ class Group(Handle):
             out.append(world if theirs is None else (theirs.index(world) if world in theirs else UNDEFINED))
         return out
 
-    def _picked(self, members) -> "Group":
+    def _picked(self, members) -> Group:
         return Group.of(list(members), self._handle.me)
 
-    def Incl(self, ranks) -> "Group":
+    def Incl(self, ranks) -> Group:
         mine = self._members()
         ranks = [int(r) for r in ranks]
         if len(set(ranks)) != len(ranks) or not all(0 <= r < len(mine) for r in ranks):
             raise error(ERR_RANK, f"Incl ranks must be distinct ranks of a group of {len(mine)}, got {ranks}")
         return self._picked(mine[r] for r in ranks)
 
-    def Excl(self, ranks) -> "Group":
+    def Excl(self, ranks) -> Group:
         mine = self._members()
         ranks = {int(r) for r in ranks}
         if not all(0 <= r < len(mine) for r in ranks):
             raise error(ERR_RANK, f"Excl ranks must be ranks of a group of {len(mine)}, got {sorted(ranks)}")
         return self._picked(m for i, m in enumerate(mine) if i not in ranks)
 
-    def Range_incl(self, ranks) -> "Group":
+    def Range_incl(self, ranks) -> Group:
         return self.Incl(_expand(ranks))
 
-    def Range_excl(self, ranks) -> "Group":
+    def Range_excl(self, ranks) -> Group:
         return self.Excl(_expand(ranks))
 
     @classmethod
-    def Union(cls, group1: "Group", group2: "Group") -> "Group":
+    def Union(cls, group1: Group, group2: Group) -> Group:
         first = group1._members()
         return group1._picked([*first, *(m for m in group2._members() if m not in first)])
 
     @classmethod
-    def Intersection(cls, group1: "Group", group2: "Group") -> "Group":
+    def Intersection(cls, group1: Group, group2: Group) -> Group:
         second = set(group2._members())
         return group1._picked(m for m in group1._members() if m in second)
 
     @classmethod
-    def Difference(cls, group1: "Group", group2: "Group") -> "Group":
+    def Difference(cls, group1: Group, group2: Group) -> Group:
         second = set(group2._members())
         return group1._picked(m for m in group1._members() if m not in second)
 

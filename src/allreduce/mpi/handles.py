@@ -24,7 +24,7 @@ import numpy as np
 from .status import Status
 
 _CONSTANTS: list = []  # the module's predefined handles themselves (freeing them does nothing)
-_NAMED: "weakref.WeakValueDictionary[int, Handle]" = weakref.WeakValueDictionary()  # handle -> a live handle of it
+_NAMED: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()  # handle -> a live handle of it
 HANDLE_SIZE = 8  # bytes of a handle, what MPI._sizeof answers for every handle class
 
 

@@ -14,13 +14,13 @@ from .handles import Handle, constant
 class Info(Handle):
     """An ordered map of string keys to string values; ``Info()`` is ``INFO_NULL``."""
 
-    def __init__(self, info: "Info | None" = None):
+    def __init__(self, info: Info | None = None):
         if info is not None and not isinstance(info, Info):
             raise TypeError(f"Info() takes an Info, got {type(info).__name__}")
         self._items = info._items if info is not None else None
 
     @classmethod
-    def Create(cls, items=None) -> "Info":
+    def Create(cls, items=None) -> Info:
         made = cls()
         made._items = {}
         for key, value in (dict(items) if items is not None else {}).items():
@@ -54,7 +54,7 @@ class Info(Handle):
             raise error(ERR_INFO_KEY, f"key number {n} of an info with {len(keys)} keys")
         return keys[n]
 
-    def Dup(self) -> "Info":
+    def Dup(self) -> Info:
         return Info.Create(self._held())
 
     def Free(self) -> None:
@@ -110,7 +110,7 @@ class Info(Handle):
     def items(self):
         return [(k, self._items[k]) for k in self]
 
-    def copy(self) -> "Info":
+    def copy(self) -> Info:
         return self.Dup()
 
     def clear(self) -> None:
@@ -133,7 +133,7 @@ INFO_ENV = constant(Info.Create())
 class Errhandler(Handle):
     """What a communicator does with an error: here every error raises, whichever is set."""
 
-    def __init__(self, errhandler: "Errhandler | None" = None, name: str | None = None):
+    def __init__(self, errhandler: Errhandler | None = None, name: str | None = None):
         if errhandler is not None and not isinstance(errhandler, Errhandler):
             raise TypeError(f"Errhandler() takes an Errhandler, got {type(errhandler).__name__}")
         self.name = errhandler.name if errhandler is not None else name

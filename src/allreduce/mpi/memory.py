@@ -3,8 +3,8 @@
 A buffer is a stretch of bytes (``address``, ``nbytes``, ``readonly``) and the object that owns them
 (``obj``). It takes any buffer-protocol object, a DLPack array or a CUDA array interface, and offers
 the buffer protocol itself (``memoryview(buf)``: format ``B``, one dimension), on Python 3.11 too
-through a small compiled base class that serves ``__buffer__``. Memory an accelerator owns (DLPack on a device, the CUDA array
-interface) may be handed to communication but not read from Python here: ``buf[i]``, ``tobytes``,
+through a small compiled base class that serves ``__buffer__``. Memory an accelerator owns (DLPack on a device, the
+CUDA array interface) may be handed to communication but not read from Python here: ``buf[i]``, ``tobytes``,
 ``cast`` and ``memoryview`` raise ``BufferError`` for it. ``release()`` (and ``Free_mem``) leave an
 empty buffer of address 0.
 
@@ -34,7 +34,7 @@ BSEND_OVERHEAD = 128
 _NOTHING = object()
 
 
-class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
+class buffer(exporter_base()):
     """Raw memory as mpi4py shows it; ``buffer()`` is an empty one, ``buffer(obj)`` views ``obj``'s.
 
     Raises:
@@ -51,7 +51,7 @@ class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
         self._bytes, self.obj, self._address, self._device = data, obj, address, device
 
     @classmethod
-    def allocate(cls, nbytes: int, clear: bool = False) -> "buffer":
+    def allocate(cls, nbytes: int, clear: bool = False) -> buffer:
         """``nbytes`` bytes of fresh memory (zeroed: ``clear`` is always honoured)."""
         size = operator.index(nbytes)
         if size < 0:
@@ -59,13 +59,13 @@ class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
         return cls(bytearray(size))
 
     @classmethod
-    def frombuffer(cls, obj, readonly: bool = False) -> "buffer":
+    def frombuffer(cls, obj, readonly: bool = False) -> buffer:
         """A buffer over the memory of ``obj`` (read-only if ``readonly``)."""
         made = cls(obj)
         return made.toreadonly() if readonly else made
 
     @classmethod
-    def fromaddress(cls, address: int, nbytes: int, readonly: bool = False) -> "buffer":
+    def fromaddress(cls, address: int, nbytes: int, readonly: bool = False) -> buffer:
         """A buffer over ``nbytes`` bytes at ``address`` (memory the caller keeps alive)."""
         address, size = operator.index(address), operator.index(nbytes)
         if size < 0:
@@ -130,7 +130,7 @@ class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
     def tobytes(self, order=None) -> bytes:
         return self._host().tobytes()
 
-    def toreadonly(self) -> "buffer":
+    def toreadonly(self) -> buffer:
         """Another buffer over the same memory that refuses writes."""
         made = buffer()
         view = self._bytes.view()
@@ -138,7 +138,7 @@ class buffer(exporter_base()):  # noqa: N801 - mpi4py's name
         made._hold(view, self.obj, self._address, self._device)
         return made
 
-    def cast(self, format: str, shape=None) -> memoryview:  # noqa: A002 - memoryview's name
+    def cast(self, format: str, shape=None) -> memoryview:
         view = memoryview(self._host())
         return view.cast(format) if shape is None else view.cast(format, shape)
 

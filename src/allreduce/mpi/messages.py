@@ -2,8 +2,8 @@
 
 ``Bsend`` and ``Rsend`` are standard sends (:mod:`.p2p`), which every correct MPI program allows (a
 small message is on its way once handed to the kernel, a large one once its receive is posted);
-``Ssend``/``Issend`` are synchronous: done only once a receive took the message. Persistent requests (``Send_init``, ``Recv_init``) post a new
-operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
+``Ssend``/``Issend`` are synchronous: done only once a receive took the message. Persistent requests
+(``Send_init``, ``Recv_init``) post a new operation at each ``Start``. ``Mprobe``/``Improbe`` return a ``Message``
 whose ``Recv`` takes the probed message: the first message of that source and tag, which is the
 probed one while no other receive of the same source and tag is posted meanwhile.
 """
@@ -161,14 +161,14 @@ class PointToPoint:
 
     probe, iprobe = Probe, Iprobe
 
-    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message":
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
         """Wait for a message as ``Probe`` does, and return it as a ``Message`` to receive."""
         found = p2p.probe(*self._p2p(), source, tag, block=True)
         if status is not None:
             status.fill(*found)
         return Message.of(self, found)
 
-    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message | None":
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message | None:
         found = p2p.probe(*self._p2p(), source, tag, block=False)
         if found is None:
             return None
@@ -217,7 +217,7 @@ class Message(Handle):
     """A probed message (``Mprobe``/``Improbe``), received once by ``Recv``/``Irecv``/``recv``/``irecv``.
     ``Message()`` is ``MESSAGE_NULL``; a probe of ``PROC_NULL`` gives ``MESSAGE_NO_PROC``."""
 
-    def __init__(self, message: "Message | None" = None):
+    def __init__(self, message: Message | None = None):
         if isinstance(message, Message):
             self._comm, self._envelope, self._no_proc = message._comm, message._envelope, message._no_proc
         elif message is None:
@@ -226,7 +226,7 @@ class Message(Handle):
             raise TypeError(f"Message() takes a Message, got {type(message).__name__}")
 
     @classmethod
-    def of(cls, comm, envelope: tuple[int, int, int]) -> "Message":
+    def of(cls, comm, envelope: tuple[int, int, int]) -> Message:
         if envelope[0] == PROC_NULL:
             return cls(MESSAGE_NO_PROC)  # a handle of its own: receiving it makes it MESSAGE_NULL
         made = cls()
@@ -294,7 +294,7 @@ class Message(Handle):
         return comm.irecv(None, source, tag)
 
     @classmethod
-    def probe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> "Message":
+    def probe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
         return comm.Mprobe(source, tag, status)
 
     @classmethod

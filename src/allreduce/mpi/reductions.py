@@ -30,7 +30,7 @@ class Op(Handle):
     ``Op()`` is ``OP_NULL``; ``Op(op)`` is another handle of the same op.
     """
 
-    def __init__(self, op: "Op | None" = None, *, name: str = "OP_NULL", combine=None, native: ReduceOp | None = None,
+    def __init__(self, op: Op | None = None, *, name: str = "OP_NULL", combine=None, native: ReduceOp | None = None,
                  logical: bool = False, commute: bool = True, function=None):
         if isinstance(op, Op):
             self.__dict__.update(op.__dict__)
@@ -43,7 +43,7 @@ class Op(Handle):
         self.function = function  # a user op's function(invec, inoutvec, datatype)
 
     @classmethod
-    def Create(cls, function, commute: bool = False) -> "Op":
+    def Create(cls, function, commute: bool = False) -> Op:
         """A user op: ``function(invec, inoutvec, datatype)`` sets ``inoutvec`` to ``invec op inoutvec``.
 
         Raises:
@@ -111,7 +111,7 @@ class Op(Handle):
         return list(_PREDEFINED).index(self.name) if self.name in _PREDEFINED else -1
 
     @classmethod
-    def fromint(cls, arg: int) -> "Op":
+    def fromint(cls, arg: int) -> Op:
         return Op(_PREDEFINED[list(_PREDEFINED)[int(arg)]])
 
     def Free(self) -> None:

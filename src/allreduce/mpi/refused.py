@@ -20,7 +20,7 @@ class _Refused(Handle):
     error_class = 0  # MPI's error class for a null handle of it
     makers: tuple[str, ...] = ()  # the class methods that would make a handle
 
-    def __init__(self, handle: "_Refused | None" = None):
+    def __init__(self, handle: _Refused | None = None):
         kind = next(c for c in type(self).__mro__ if _Refused in c.__bases__)  # Win, File or Session
         if handle is not None and not isinstance(handle, kind):
             raise TypeError(f"{type(self).__name__}() takes a {kind.__name__}, got {type(handle).__name__}")

@@ -28,7 +28,8 @@ class Request(Handle):
     operation's value (``None`` for sends and buffer receives).
     """
 
-    def __init__(self, work=None, finish=None, envelope: tuple[int, int, int] | None = None, active: bool | None = None):
+    def __init__(self, work=None, finish=None, envelope: tuple[int, int, int] | None = None,
+                 active: bool | None = None):
         if isinstance(work, Request):  # Request(request): another handle of the same operation
             self.__dict__ = work.__dict__
             return
@@ -95,7 +96,7 @@ class Request(Handle):
             status.fill(*self._envelope) if self._envelope is not None else status.empty()
         return True
 
-    def then(self, callback) -> "Request":
+    def then(self, callback) -> Request:
         """Run ``callback()`` once the operation completes (now, if it has), after what completing it
         already does; returns this request."""
         if not self._active:
@@ -363,7 +364,7 @@ class Grequest(Request):
         super().__init__(active=False)
 
     @classmethod
-    def Start(cls, query_fn, free_fn, cancel_fn, args=None, kwargs=None) -> "Grequest":
+    def Start(cls, query_fn, free_fn, cancel_fn, args=None, kwargs=None) -> Grequest:
         raise NotImplementedError("generalized requests (MPI.Grequest.Start) are not supported by allreduce.MPI")
 
     def Complete(self) -> None:

@@ -17,7 +17,7 @@ class Status:
 
     NBYTES = 24  # the size of an MPI_Status (what MPI._sizeof answers)
 
-    def __init__(self, status: "Status | None" = None):
+    def __init__(self, status: Status | None = None):
         if status is not None and not isinstance(status, Status):
             raise TypeError(f"Status() takes a Status to copy, got {type(status).__name__}")
         self._fields = np.array([ANY_SOURCE, ANY_TAG, 0, 0, 0], np.int64) if status is None else status._fields.copy()

@@ -3,8 +3,8 @@
 ``Comm.Revoke``/``Is_revoked`` are :meth:`allreduce.ProcessGroup.revoke`; ``Get_failed``/``Ack_failed`` read
 :func:`allreduce.failed_ranks`; ``Agree`` is :func:`allreduce.agree` (the AND of the flags, as
 ``MPI_Comm_agree``) and ``Shrink`` is :func:`allreduce.shrink_group`. As in ULFM, ``Agree`` raises
-:class:`MPI.Exception <allreduce.mpi.errorcodes.Exception>` with ``ERR_PROC_FAILED`` while a failed rank has not been acknowledged (the agreed
-flag is then in its ``flag``), and a revoked communicator refuses collectives (with
+:class:`MPI.Exception <allreduce.mpi.errorcodes.Exception>` with ``ERR_PROC_FAILED`` while a failed rank has not been
+acknowledged (the agreed flag is then in its ``flag``), and a revoked communicator refuses collectives (with
 :class:`allreduce.Revoked`). Shrinking ``COMM_WORLD`` makes the shrunk group the default one, so
 ``COMM_WORLD`` then names it too (torch's rule; in ULFM the old world stays revoked).
 

@@ -80,7 +80,7 @@ class Profile:
                        self.copy, hosts, self.cores)
 
     def updated(self, links: dict | None = None, gamma: dict | None = None, copy: float | None = None,
-                machine: str | None = None, cores: int | None = None) -> "Profile":
+                machine: str | None = None, cores: int | None = None) -> Profile:
         """A copy with the given ``{(transport, scope): Link}`` and ``{dtype: gamma}`` replaced, and the
         other fields that are not ``None``."""
         merged = {(t, s): link for t, s, link in self.links} | (links or {})
@@ -140,7 +140,8 @@ def load(path: str | None = None, cache_home: str = "") -> Profile:
         stamp = os.stat(path).st_mtime_ns
     except FileNotFoundError:
         if explicit:
-            raise ValueError(f"no cost profile at {path}; run `allreduce tune --output {path}` to measure one") from None
+            raise ValueError(f"no cost profile at {path}; run `allreduce tune --output {path}` "
+                             "to measure one") from None
         return DEFAULT
     return _read(path, stamp)
 
@@ -152,7 +153,8 @@ def _read(path: str, stamp: int) -> Profile:
             data = json.load(f)
         return from_json(data, source=path)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ValueError(f"cost profile {path} is unreadable ({exc}); run `allreduce tune` to write a new one") from None
+        raise ValueError(f"cost profile {path} is unreadable ({exc}); "
+                         "run `allreduce tune` to write a new one") from None
 
 
 def from_json(data: dict, source: str = "") -> Profile:
@@ -165,11 +167,13 @@ def from_json(data: dict, source: str = "") -> Profile:
             if transport not in (*TRANSPORTS, LINES) or scope not in SCOPES:
                 raise ValueError(f"unknown link {transport}/{scope}; known transports {(*TRANSPORTS, LINES)}, "
                                  f"scopes {SCOPES}")
-            links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]), float(fields.get("duplex", 1.0)),
-                                           float(fields.get("step", 0.0)), float(fields.get("crowded", 1.0)))
+            links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]),
+                                           float(fields.get("duplex", 1.0)), float(fields.get("step", 0.0)),
+                                           float(fields.get("crowded", 1.0)))
     gamma = {str(np.dtype(name)): float(value) for name, value in data.get("gamma", {}).items()}
     cores = data.get("cores")
-    profile = DEFAULT.updated(links, gamma, data.get("copy"), data.get("machine", ""), None if cores is None else int(cores))
+    profile = DEFAULT.updated(links, gamma, data.get("copy"), data.get("machine", ""),
+                              None if cores is None else int(cores))
     return dataclasses.replace(profile, source=source)
 
 
