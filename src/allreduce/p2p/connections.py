@@ -23,7 +23,7 @@ from ..transport.tcp import TcpPeering
 from . import nearby
 from .bell import Bells
 from .ledger import Ledger
-from .link import Link
+from .link import MessageLink
 from .records import Op, Peer, Send
 
 ORPHAN_S = 0.5  # seconds receives from a peer wait, once the link to it closed, for one from it to appear
@@ -39,7 +39,7 @@ class Connections:
     """
 
     def __init__(self, ledger: Ledger, bells: Bells, store, peering: TcpPeering, listener: socket.socket,
-                 timeout: float, on_header: Callable[[Link, wire.Header], None],
+                 timeout: float, on_header: Callable[[MessageLink, wire.Header], None],
                  on_connected: Callable[[int], None]):
         self._ledger, self._bells = ledger, bells
         self._store, self._peering, self._timeout = store, peering, timeout
@@ -55,19 +55,19 @@ class Connections:
             peer = self.peers[rank] = Peer(rank)
         return peer
 
-    def links(self) -> Iterator[Link]:
+    def links(self) -> Iterator[MessageLink]:
         for peer in self.peers.values():
             for link in (peer.out, peer.inn):
                 if link is not None and not link.closed:
                     yield link
 
-    def flush(self, link: Link) -> None:
+    def flush(self, link: MessageLink) -> None:
         """Send what ``link`` holds until the socket is full; run the callbacks of what left."""
         if link.closed or link.sock is None:
             return
         done: list = []
         try:
-            link.flush(done)
+            link.send_some(done)
         except PeerLost as exc:
             self.link_lost(link, exc)
         for then in done:
@@ -102,7 +102,7 @@ class Connections:
             if ledger.closed or ledger.failure is not None or (peer.inn is not None and not peer.inn.dead):
                 sock.close()
                 return
-            peer.inn = Link(sender, sock, dialed=False)
+            peer.inn = MessageLink(sender, sock, dialed=False)
             peer.orphan_at = None
             self._bells.wake()
 
@@ -131,7 +131,7 @@ class Connections:
             elif ledger.closed or ledger.failure is not None:
                 sock.close()
             else:
-                link = peer.out = Link(rank, sock, dialed=True)
+                link = peer.out = MessageLink(rank, sock, dialed=True)
                 link.push(self.identity.frame)
                 for header, payload, done in peer.backlog:
                     link.push(header, payload, done)
@@ -155,7 +155,7 @@ class Connections:
 
     # ---- links lost ------------------------------------------------------------------------------
 
-    def link_lost(self, link: Link | None, error: AllreduceError, peer: Peer | None = None) -> None:
+    def link_lost(self, link: MessageLink | None, error: AllreduceError, peer: Peer | None = None) -> None:
         """``link`` (or, if ``None``, the one ``peer`` could not dial) is gone: fail what needed it."""
         peer = peer or self.peers[link.peer]
         also = None
@@ -253,7 +253,7 @@ class Connections:
         for link in links:
             if not link.dead:
                 link.shutdown(socket.SHUT_WR)  # after what is in the kernel: the peer reads it all, then EOF
-        _drain([link for link in links if not link.dead], time.monotonic() + CLOSE_S)
+        _read_to_eof([link for link in links if not link.dead], time.monotonic() + CLOSE_S)
         for link in links:
             link.close()
         self.listener.close()
@@ -268,7 +268,7 @@ def _needs(op: Op, peer: Peer, outgoing: bool) -> bool:
     return op.source == peer.rank or any(r is op for r, _ in peer.cleared.values())
 
 
-def _drain(links: list[Link], deadline: float) -> None:
+def _read_to_eof(links: list[MessageLink], deadline: float) -> None:
     """Read and drop what peers still send until each closes its end: closing with unread bytes would
     reset the connection, and a reset may destroy data the peer has not read yet."""
     open_ = {link.fd: link for link in links}

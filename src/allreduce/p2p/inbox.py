@@ -13,7 +13,7 @@ from ..errors import Mismatch, ProtocolError, with_peer
 from . import nearby
 from .connections import Connections
 from .ledger import Ledger
-from .link import Link
+from .link import MessageLink
 from .matching import Matcher
 from .records import OVERHEAD, WINDOW, Message, Peer, Recv, Send
 
@@ -59,7 +59,7 @@ class Inbox:
                 return
         self._ledger.finish(op)
 
-    def on_header(self, link: Link, header: wire.Header) -> None:
+    def on_header(self, link: MessageLink, header: wire.Header) -> None:
         """A frame on a link ``link``'s peer dialed: its messages to this rank (a poller, under the lock)."""
         kind = header.kind
         if kind == wire.MESSAGE:
@@ -77,7 +77,7 @@ class Inbox:
             raise with_peer(ProtocolError(f"rank {link.peer} sent a frame of kind {kind} on a "
                                           "accepted point-to-point link"), link.peer)
 
-    def _on_message(self, link: Link, header: wire.Header) -> None:
+    def _on_message(self, link: MessageLink, header: wire.Header) -> None:
         eager = header.step == wire.EAGER
         nbytes = header.nbytes if eager else header.count * dtype_of(header.dtype).itemsize
         message = Message(link.peer, header.root, header.seq, header.dtype, header.count, nbytes, eager)
@@ -185,7 +185,7 @@ class Inbox:
         return memoryview(receive.array.view(np.uint8).reshape(-1))[:message.nbytes]
 
 
-def _expect(link: Link, view: memoryview, then) -> None:
+def _expect(link: MessageLink, view: memoryview, then) -> None:
     """The frame's payload goes into ``view``, then ``then()`` runs (at once if it is empty)."""
     if view.nbytes:
         link.expect(view, then)

@@ -53,7 +53,7 @@ from .bell import Bells
 from .connections import Connections
 from .inbox import Inbox
 from .ledger import Ledger
-from .link import Link
+from .link import MessageLink
 from .outbox import Outbox
 from .poller import Poller
 from .records import Op, P2PWork, Recv
@@ -275,7 +275,7 @@ class Messenger:
 
     # ---- the parts' wiring -----------------------------------------------------------------------
 
-    def _on_header(self, link: Link, header: wire.Header) -> None:
+    def _on_header(self, link: MessageLink, header: wire.Header) -> None:
         """A frame from ``link``'s peer: answers to this rank's sends on the links it dialed, the peer's
         messages on the others."""
         (self._outbox if link.dialed else self._inbox).on_header(link, header)

@@ -12,7 +12,7 @@ from ..errors import ProtocolError, with_peer
 from .connections import Connections
 from .inbox import Inbox
 from .ledger import Ledger
-from .link import Link
+from .link import MessageLink
 from .records import OVERHEAD, Peer, Send, SendState
 
 EAGER_MAX = 1 << 16  # bytes: larger messages are announced, and move once their receive is posted
@@ -70,7 +70,7 @@ class Outbox:
             if isinstance(op, Send) and op.dest == rank and op.state is SendState.CONNECTING:
                 op.move(SendState.SENDING)
 
-    def on_header(self, link: Link, header: wire.Header) -> None:
+    def on_header(self, link: MessageLink, header: wire.Header) -> None:
         """A frame on a link this rank dialed: the peer's answers to its sends (a poller, under the lock)."""
         kind = header.kind
         peer = self._connections.peers[link.peer]
@@ -87,7 +87,7 @@ class Outbox:
                                           "dialed point-to-point link"), link.peer)
 
     @staticmethod
-    def _announced(peer: Peer, link: Link, header: wire.Header, did: str) -> Send:
+    def _announced(peer: Peer, link: MessageLink, header: wire.Header, did: str) -> Send:
         op = peer.announced.pop(header.seq, None)
         if op is None:
             raise with_peer(ProtocolError(f"rank {link.peer} {did} message #{header.seq}, which this rank "

@@ -35,7 +35,7 @@ from ..errors import AllreduceError, Interrupted, PeerLost, with_peer
 from .bell import Bell, Bells
 from .connections import Connections
 from .ledger import Ledger
-from .link import Link
+from .link import MessageLink
 
 GRACE_S = 0.002  # seconds after the last waiting thread stops before the background thread polls again
 STANDBY_S = 0.01  # seconds between the background thread's looks while threads drive (nobody wakes it)
@@ -43,7 +43,7 @@ SPIN_S = 50e-6  # seconds a waiting thread looks again at once before it sleeps 
 YIELD_S = 300e-6  # then until when it looks again, yielding the core in between (a MiB takes ~0.2 ms to copy)
 POLL_CAP_S = 1.0  # the longest a poll sleeps before looking again
 
-Watched = dict[int, tuple[Link | None, int]]  # fd -> (its link, or None for the listener and a bell; events)
+Watched = dict[int, tuple[MessageLink | None, int]]  # fd -> (its link, or None for the listener and a bell; events)
 
 
 class Poller:
@@ -204,7 +204,7 @@ class Poller:
             elif not (link.dead or link.closed):
                 self._serve(link, event)
 
-    def _serve(self, link: Link, event: int) -> None:
+    def _serve(self, link: MessageLink, event: int) -> None:
         connections = self._connections
         try:
             if event & select.POLLOUT:

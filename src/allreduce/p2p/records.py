@@ -16,7 +16,7 @@ import numpy as np
 from ..dtypes import code_of
 from ..errors import AllreduceError
 from ..work import Work
-from .link import Link
+from .link import MessageLink
 from .matching import Envelope, Receive
 
 WINDOW = 1 << 20  # bytes of eager messages a sender may have unreceived at one receiver
@@ -136,8 +136,8 @@ class Peer:
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.out: Link | None = None  # the link this rank dialed: its messages to the peer
-        self.inn: Link | None = None  # the link the peer dialed: its messages to this rank
+        self.out: MessageLink | None = None  # the link this rank dialed: its messages to the peer
+        self.inn: MessageLink | None = None  # the link the peer dialed: its messages to this rank
         self.dialing = False
         self.backlog: list = []  # frames to send once ``out`` is connected
         self.sent = 0  # messages sent to the peer (their numbers)
