@@ -15,7 +15,7 @@ import time
 
 from ...errors import CommTimeout, PeerLost, with_peer
 from .. import shmseg
-from . import layout, peersocket
+from . import layout, peering
 from .layout import ABORTED, CLOSED, SENT, SLEEPING, SLOTS_AT, STATE, TAKEN, UNMAPS
 
 
@@ -51,7 +51,7 @@ class Peer:
         sleep period."""
         if always or self.words[SLEEPING]:
             try:
-                self.sock.send(peersocket.WAKE, socket.MSG_DONTWAIT)
+                self.sock.send(peering.WAKE, socket.MSG_DONTWAIT)
             except OSError:
                 pass
 
@@ -64,14 +64,14 @@ class Peer:
             pass
 
     def _read(self, flags: int = 0) -> None:
-        """One notice (:func:`.peersocket.notice`): a descriptor is kept, an unmap acted on."""
+        """One notice (:func:`.peering.notice`): a descriptor is kept, an unmap acted on."""
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, 64, 4, flags)
         except (BlockingIOError, TimeoutError):
             raise
         except OSError:
             data, fds = b"", []
-        what, gen = peersocket.notice(data, fds)
+        what, gen = peering.notice(data, fds)
         if what == "end":
             self.hung_up = True
         elif what == "share":
@@ -119,7 +119,7 @@ class Peer:
         if segment.gen in self.shared:
             return True
         try:
-            socket.send_fds(self.sock, [peersocket.share_notice(segment.gen)], [segment.fd], socket.MSG_DONTWAIT)
+            socket.send_fds(self.sock, [peering.share_notice(segment.gen)], [segment.fd], socket.MSG_DONTWAIT)
         except OSError:
             return False
         self.shared.add(segment.gen)
@@ -131,7 +131,7 @@ class Peer:
         for gen in self.shared.intersection(gens):
             self.shared.discard(gen)
             try:
-                self.sock.send(peersocket.unmap_notice(gen), socket.MSG_DONTWAIT)
+                self.sock.send(peering.unmap_notice(gen), socket.MSG_DONTWAIT)
             except OSError:
                 continue
             words[UNMAPS] += 1
