@@ -61,15 +61,15 @@ class Ledger:
                 self.finish(culprit, error)
             return
         self.failure = self._told = error
-        self.fail_all(f"{type(error).__name__}: {error}", error, culprit)
+        self._fail_all(f"{type(error).__name__}: {error}", error, culprit)
 
     def abort(self, reason: str) -> None:
         """The group failed (``reason``): fail every pending operation and the links (under the lock)."""
         if self.failure is None:
             self.failure = GroupBroken(f"{self.who}: process group '{self.name}' failed: {reason}")
-            self.fail_all(reason, self.failure, None)
+            self._fail_all(reason, self.failure, None)
 
-    def fail_all(self, reason: str, error: AllreduceError, culprit: Op | None) -> None:
+    def _fail_all(self, reason: str, error: AllreduceError, culprit: Op | None) -> None:
         for op in self.in_order():
             if op is culprit:
                 self.finish(op, error)

@@ -17,7 +17,7 @@ from .dataplane import DataPlane, In, Out
 from .layout import ABORTED, ADDRESS, CHANNELS_AT, CLOSED, OPEN, STATE, UNMAPS
 from .linepath import Lines
 from .options import ShmOptions
-from .peer import Peer
+from .link import ShmLink
 from .peering import ShmPeering
 from .waiting import Stretch, Waiting
 
@@ -27,7 +27,7 @@ class ShmTransport(Transport):
 
     kind = "shm"
 
-    def __init__(self, rank: int, size: int, segment: shmseg.Segment, peers: dict[int, Peer],
+    def __init__(self, rank: int, size: int, segment: shmseg.Segment, peers: dict[int, ShmLink],
                  options: ShmOptions, chunk: int):
         self.rank = rank
         self.size = size
@@ -65,7 +65,7 @@ class ShmTransport(Transport):
             raise
         peers = {}
         for peer, link in links.items():
-            peers[peer] = Peer(peer, link.sock, shmseg.attach(link.fd, 0),
+            peers[peer] = ShmLink(peer, link.sock, shmseg.attach(link.fd, 0),
                                CHANNELS_AT + members.index(peer) * channel,
                                CHANNELS_AT + members.index(rank) * channel, link.pid)
             link.sock.setblocking(False)

@@ -1,4 +1,4 @@
-"""Another rank on this host as this rank sees it: its socket, its process, its control segment, the
+"""The shared-memory link to another rank on this host, as this rank sees it: its socket, its process, its control segment, the
 two channels between us, and the registered segments we have traded.
 
 Its own file because this is the state kept per peer and the questions asked of it (has it posted,
@@ -19,8 +19,9 @@ from . import layout, peering
 from .layout import ABORTED, CLOSED, SENT, SLEEPING, SLOTS_AT, STATE, TAKEN, UNMAPS
 
 
-class Peer:
-    """Another rank on this host: its socket, its process, its control segment and our two channels."""
+class ShmLink:
+    """The link to another rank on this host: its socket, its process, its control segment and our two
+    channels."""
 
     def __init__(self, rank: int, sock: socket.socket, segment: shmseg.Segment, out_at: int, in_at: int,
                  pid: int):
