@@ -16,7 +16,7 @@ import time
 from . import algorithms, logs, p2p, topology
 from .addresses import is_loopback
 from .errors import ResourceExhausted, exhausted
-from .p2p.engine import P2PPeering
+from .p2p.messenger import P2PPeering
 from .runtime import ProcessGroup
 from .rendezvous import LEFT_KEY
 from .security import Security
@@ -81,7 +81,7 @@ def _form(store, rank: int, size: int, timeout: float, name: str, ranks: list[in
     if settings.timeline:  # a Chrome trace per rank, written when the group closes
         transport = TimelineTransport(transport, settings.timeline, ranks[rank], name)
     try:  # point-to-point: listen and publish the address now; links are made on first use
-        engine = p2p.Engine.start(store, rank, size, bind_host(store, settings), name, timeout, security)
+        engine = p2p.Messenger.start(store, rank, size, bind_host(store, settings), name, timeout, security)
     except BaseException:
         transport.close()
         raise

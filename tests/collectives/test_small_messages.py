@@ -177,7 +177,7 @@ def test_the_spin_window_widens_for_a_steady_slower_peer_and_shrinks_back_when_i
 
 @engines.only("python")
 def test_the_spin_window_policy():
-    from allreduce.transport.shm.lines import Lines
+    from allreduce.transport.shm.linepath import Lines
 
     lines = Lines.__new__(Lines)  # the policy alone: no segments
     lines.options = shm.ShmOptions(spin_s=50e-6, spin_max_s=300e-6)

@@ -141,9 +141,9 @@ def improbe_against_mprobe(rank, size):
     """Per round on a new communicator: a blocking exchange (so waiting threads poll while the links are
     made), then even ranks find the next message with a loop of Improbe while odd ranks Mprobe it."""
     from allreduce import MPI
-    from allreduce.p2p import progress
+    from allreduce.p2p import poller
 
-    progress.POLL_CAP_S = 3600.0
+    poller.POLL_CAP_S = 3600.0
     dest, source, wrong = (rank + 1) % size, (rank - 1) % size, []
     for i in range(40):
         n = SIZES[i % len(SIZES)]
@@ -170,9 +170,9 @@ def persistent_rounds(rank, size):
     """Persistent sends and receives in a ring, completed by Waitany, Waitsome, Testany or Wait in turn;
     a new communicator every few rounds."""
     from allreduce import MPI
-    from allreduce.p2p import progress
+    from allreduce.p2p import poller
 
-    progress.POLL_CAP_S = 3600.0
+    poller.POLL_CAP_S = 3600.0
     dest, source, wrong = (rank + 1) % size, (rank - 1) % size, []
     comm = None
     for i in range(120):

@@ -13,9 +13,9 @@ ROUNDS = 200
 
 def persistent_rounds(rank, size):
     from allreduce import MPI
-    from allreduce.p2p import progress
+    from allreduce.p2p import poller
 
-    progress.POLL_CAP_S = 3600.0  # a waiter that misses its wake-up now sleeps past the test's deadline
+    poller.POLL_CAP_S = 3600.0  # a waiter that misses its wake-up now sleeps past the test's deadline
     comm = MPI.COMM_WORLD.Dup()
     dest, source = (rank + 1) % size, (rank - 1) % size
     received = []

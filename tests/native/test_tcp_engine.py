@@ -369,7 +369,7 @@ def test_a_rank_that_exits_on_its_error_has_told_its_peers(engine):
 def test_an_abort_is_on_the_wire_when_it_returns(monkeypatch):
     """What the sockets take leaves in the caller's thread: the thread that sends the rest (here one that
     does nothing, as one the process exits before) is not needed for an ABORT to reach the peer."""
-    from allreduce.transport import tcp as tcp_transport
+    from allreduce.transport.tcp import transport as tcp_transport
 
     monkeypatch.setattr(tcp_transport, "_drain", lambda links, deadline: None)
     ours, theirs = socket.socketpair()

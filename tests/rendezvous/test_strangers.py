@@ -17,7 +17,7 @@ import allreduce as dist
 from allreduce import MPI, wire
 from allreduce.dtypes import code_of
 from allreduce.errors import RendezvousError
-from allreduce.p2p.engine import P2PPeering
+from allreduce.p2p.messenger import P2PPeering
 from allreduce.rendezvous import TCPStore
 from allreduce.security import Security
 

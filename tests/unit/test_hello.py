@@ -9,11 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allreduce.errors import ProtocolError
-from allreduce.transport import hello, tcp
-from allreduce.transport.shm import peersocket
+from allreduce.transport import hello
+from allreduce.transport.tcp.peering import HELLO as TCP_HELLO
+from allreduce.transport.shm import peering as shm_peering
 
 DIGEST = hello.group_digest("g")
-FORMATS = {"tcp": tcp.HELLO, "shm": peersocket.HELLO}
+FORMATS = {"tcp": TCP_HELLO, "shm": shm_peering.HELLO}
 ranks = st.integers(0, 2**31 - 1)
 
 
@@ -76,9 +77,9 @@ def test_wrong_magic_fails_on_its_first_bytes(kind, junk):
 
 
 def test_one_transport_does_not_take_the_others_hello():
-    data = tcp.HELLO.encode(_hello(tcp.HELLO, 3, 1))
+    data = TCP_HELLO.encode(_hello(TCP_HELLO, 3, 1))
     with pytest.raises(ProtocolError, match="starts with b'ARHI', not b'ARSM'"):
-        peersocket.HELLO.decode(data, _for(1))
+        shm_peering.HELLO.decode(data, _for(1))
 
 
 @pytest.mark.parametrize("kind", FORMATS)
@@ -106,7 +107,7 @@ def test_junk_is_a_protocol_error_or_a_valid_hello(data):
 
 
 def test_encode_refuses_a_malformed_record():
-    with pytest.raises(ValueError, match=f"{peersocket.HELLO.terms} terms"):
-        peersocket.HELLO.encode(hello.Hello(1, 0, DIGEST))
+    with pytest.raises(ValueError, match=f"{shm_peering.HELLO.terms} terms"):
+        shm_peering.HELLO.encode(hello.Hello(1, 0, DIGEST))
     with pytest.raises(ValueError, match="16-byte digest"):
-        tcp.HELLO.encode(hello.Hello(1, 0, b"short"))
+        TCP_HELLO.encode(hello.Hello(1, 0, b"short"))

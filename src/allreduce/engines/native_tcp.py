@@ -27,7 +27,8 @@ import numpy as np
 from .. import algorithms, wire
 from ..algorithms.schedule import Region, Schedule
 from ..ops import kernel
-from ..transport.tcp import TcpTransport, aborted, lost, stalled, unexpected
+from ..transport.tcp import TcpTransport
+from ..transport.tcp.wording import aborted, lost, stalled, unexpected
 from .call import Call, reworded
 from .schedules import Scratch, schedule_for, steps_of
 

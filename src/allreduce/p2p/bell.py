@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections.abc import Callable
+
+from .ledger import Ledger
 
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 class Bell:
-    """An eventfd that is readable once rung, until :meth:`hush`; used under the engine's lock."""
+    """An eventfd that is readable once rung, until :meth:`hush`; used under the ledger's lock."""
 
     def __init__(self):
         try:
@@ -44,3 +48,36 @@ class Bell:
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
+
+
+class Bells:
+    """The bell of every thread that polls now (the background thread's always), and what each thread
+    that drives waits for: whom to wake when the links change, and whom when an operation is done.
+    Used under the ledger's lock."""
+
+    def __init__(self, ledger: Ledger):
+        self._ledger = ledger
+        self.of: dict[int, Bell] = {}  # thread ident -> bell of each poller now
+        self.waiters: dict[int, Callable[[], bool]] = {}  # thread ident -> done() of each thread driving now
+
+    def wake(self) -> None:
+        """Make every other poller look again (links came or went, a queue needs the socket)."""
+        if self._ledger.closed:  # once closed, the bells may be gone
+            return
+        me = threading.get_ident()
+        for ident, bell in self.of.items():
+            if ident != me:  # this thread polls again anyway, with what it just changed in view
+                bell.ring()
+        self._ledger.cv.notify_all()
+
+    def ring_done(self) -> None:
+        """Wake the other drivers whose operation is done now: this poller took the frame that finished it,
+        and they may sleep in their own poll."""
+        me = threading.get_ident()
+        for ident, done in self.waiters.items():
+            if ident != me and done():
+                self.of[ident].ring()
+
+    def polling(self) -> bool:
+        """Whether this thread polls, so it will see what it queues without being woken."""
+        return threading.get_ident() in self.of

@@ -1,12 +1,11 @@
-"""One point-to-point connection: a queue of buffers going out, and frames coming in, read in place.
-
-Out: buffers (frame headers, payloads straight from the sender's array) leave with ``sendmsg`` in
-batches; an entry may carry a callback to run once it is all in the kernel (a send is then done).
+"""One point-to-point connection: a framed TCP link (:class:`..transport.tcp.link.Link`: buffers going
+out with ``sendmsg``, an entry's callback run once it is all in the kernel, when a send is done), and
+frames coming in, read in place.
 
 In: bytes land in a buffer of :data:`CHUNK` bytes and are cut into frames there, so many small
-frames cost one ``recv``. A frame's payload goes where the engine says (:meth:`Link.expect`): a
+frames cost one ``recv``. A frame's payload goes where the messenger says (:meth:`MessageLink.expect`): a
 user's array, or memory kept for a message nobody waits for yet; a large one is read straight into
-it rather than through the buffer. The engine (:mod:`.engine`) decides what each frame means; this
+it rather than through the buffer. The messenger (:mod:`.messenger`) decides what each frame means; this
 module only moves bytes, and never blocks. Over TLS (:mod:`..tls`) it sends one buffer per call, and
 reads on past :data:`TURN` while the TLS layer holds bytes it has already decrypted, which no poll
 would announce.
@@ -15,33 +14,25 @@ would announce.
 from __future__ import annotations
 
 import socket
-from collections import deque
-from itertools import islice
 
 from .. import tls, wire
 from ..errors import PeerLost, ProtocolError, with_peer
-from ..transport.tcp import read_abort_reason
+from ..transport.tcp.link import Link
+from ..transport.tcp.wording import read_abort_reason
 
 CHUNK = 1 << 16  # bytes read at once into a link's buffer
 DIRECT = 1 << 16  # a payload still missing at least this much is read straight into its destination
-IOV_MAX = 64  # buffers per sendmsg
 TURN = 4 << 20  # bytes one link may read before the progress loop turns to the others
 
 
-class Link:
-    """A connected socket to ``peer``; ``dialed`` says whether this rank opened it (its sends go there).
+class MessageLink(Link):
+    """A connected socket to ``peer``; ``dialed`` says whether this rank opened it (its sends go there)."""
 
-    ``out`` holds ``[buffer, done, whole]`` entries: ``done`` (or ``None``) runs when the buffer is all
-    sent; ``whole`` is true while nothing of the frame it is part of has left.
-    """
+    __slots__ = ("dialed", "dead", "closed", "_buf", "_view", "_start", "_end", "_dest", "_got", "_then")
 
     def __init__(self, peer: int, sock: socket.socket, dialed: bool):
-        sock.setblocking(False)
-        self.peer = peer
-        self.sock = sock
-        self.fd = sock.fileno()
+        super().__init__(peer, sock)
         self.dialed = dialed
-        self.out: deque = deque()
         self.dead = False  # given up (reset, aborted, shut down): the background thread closes it
         self.closed = False
         self._buf = bytearray(CHUNK)
@@ -50,49 +41,6 @@ class Link:
         self._dest: memoryview | None = None  # where the current frame's payload goes
         self._got = 0  # bytes of it so far
         self._then = None  # called once it is complete
-
-    # ---- out -------------------------------------------------------------------------------------
-
-    def push(self, header: bytes, payload=None, done=None) -> None:
-        """Queue a frame: ``header`` and ``payload`` (a byte view, or ``None``); ``done()`` runs once all
-        of it is in the kernel."""
-        if payload is None or not payload.nbytes:
-            self.out.append([memoryview(header), done, True])
-        else:
-            self.out.append([memoryview(header), None, True])
-            self.out.append([payload, done, False])
-
-    def flush(self, finished: list) -> None:
-        """Send until the socket is full or nothing is left; append the ``done`` callbacks due to ``finished``.
-
-        Raises:
-            PeerLost: the connection broke.
-        """
-        out = self.out
-        while out:
-            try:
-                n = self.sock.sendmsg([entry[0] for entry in islice(out, IOV_MAX)])
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                raise self.lost(exc) from exc
-            while n and out:
-                entry = out[0]
-                size = entry[0].nbytes
-                if n >= size:
-                    n -= size
-                    out.popleft()
-                    if entry[1] is not None:
-                        finished.append(entry[1])
-                else:
-                    entry[0] = entry[0][n:]
-                    entry[2] = False
-                    n = 0
-
-    @property
-    def mid_frame(self) -> bool:
-        """Whether part of a frame has left and the rest not: nothing else may be sent in between."""
-        return bool(self.out) and not self.out[0][2]
 
     # ---- in --------------------------------------------------------------------------------------
 
@@ -182,11 +130,6 @@ class Link:
 
     # ---- end -------------------------------------------------------------------------------------
 
-    def lost(self, exc: BaseException | None = None) -> PeerLost:
-        why = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
-        return with_peer(PeerLost(f"connection to rank {self.peer} closed{why}: it exited, crashed or aborted"),
-                         self.peer)
-
     def abort(self, frame: bytes) -> None:
         """Tell the peer why this rank gives up (unless mid-frame: the close says enough), and stop both ways."""
         if not self.closed:
@@ -195,14 +138,8 @@ class Link:
                     self.sock.send(frame)
                 except OSError:
                     pass
-            self.out.clear()
+            self.drop()
             self.shutdown(socket.SHUT_RDWR)
-
-    def shutdown(self, how: int) -> None:
-        try:
-            self.sock.shutdown(how)
-        except OSError:
-            pass
 
     def close(self) -> None:
         if not self.closed:
@@ -211,4 +148,3 @@ class Link:
                 self.sock.close()
             except OSError:
                 pass
-

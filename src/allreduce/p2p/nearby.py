@@ -1,7 +1,7 @@
 """Large messages between ranks of one host: the receiver copies the payload straight out of the
 sender's array (``process_vm_readv``, :mod:`..transport.cma`): one copy, instead of two through a socket.
 
-Each engine keeps 16 random bytes (its *token*) at a fixed address, and the first frame on every link
+Each messenger keeps 16 random bytes (its *token*) at a fixed address, and the first frame on every link
 it dials (IDENT) gives its process id and where the token lies. The receiver reads the token there:
 only if the bytes are right is it that very process, on this host, and may the kernel let one read
 the other (same user, Yama ``ptrace_scope`` below 2). Then the address an announced message carries
@@ -27,7 +27,7 @@ class Identity:
 
     def __init__(self):
         token = secrets.token_bytes(16)
-        self._token = ctypes.create_string_buffer(token, len(token))  # kept alive as long as the engine
+        self._token = ctypes.create_string_buffer(token, len(token))  # kept alive as long as the messenger
         self.frame = wire.control(wire.IDENT) + wire.IDENTITY.pack(os.getpid(), ctypes.addressof(self._token), token)
 
 

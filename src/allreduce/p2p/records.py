@@ -1,11 +1,12 @@
-"""The records of point-to-point: a send, a receive, a message that arrived, a peer, and the Work handle
-(with :func:`wait_any`, a wait for the first of several).
+"""The records of point-to-point: a send (and the states it passes through), a receive, a message that
+arrived, a peer, and the Work handle (with :func:`wait_any`, a wait for the first of several).
 
-The engine (:mod:`.engine`) changes them under its lock; :class:`P2PWork` only reads them.
+The messenger (:mod:`.messenger`) changes them under its lock; :class:`P2PWork` only reads them.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from concurrent.futures import Future
@@ -15,12 +16,12 @@ import numpy as np
 from ..dtypes import code_of
 from ..errors import AllreduceError
 from ..work import Work
-from .link import Link
+from .link import MessageLink
 from .matching import Envelope, Receive
 
 WINDOW = 1 << 20  # bytes of eager messages a sender may have unreceived at one receiver
 OVERHEAD = 256  # bytes each eager message counts against the window beyond its payload (bookkeeping)
-NAP_S = 50e-6  # seconds wait_any first sleeps between looks at works of several engines (or collectives)
+NAP_S = 50e-6  # seconds wait_any first sleeps between looks at works of several messengers (or collectives)
 NAP_CAP_S = 1e-3  # and at most, doubling from NAP_S
 
 
@@ -30,7 +31,28 @@ class Op:
     future: Future
     what: str
     number: int
-    finished: bool  # set under the engine's lock; the future settles just after, outside it
+    finished: bool  # set under the messenger's lock; the future settles just after, outside it
+
+    def partner(self) -> int | None:
+        raise NotImplementedError
+
+    def waiting(self) -> str:
+        raise NotImplementedError
+
+
+class SendState(enum.Enum):
+    CONNECTING = "connecting"  # its link is being dialed: its frames wait in the peer's backlog
+    SENDING = "sending"  # its frames (or, once cleared, its payload) are queued on the link
+    ANNOUNCED = "announced"  # its envelope is in the kernel: it waits for CLEAR or TAKEN
+    DONE = "done"  # finished, or failed
+
+
+MOVES = {
+    SendState.CONNECTING: {SendState.SENDING, SendState.DONE},
+    SendState.SENDING: {SendState.ANNOUNCED, SendState.DONE},
+    SendState.ANNOUNCED: {SendState.SENDING, SendState.DONE},  # cleared: the payload follows; taken: done
+    SendState.DONE: set(),
+}
 
 
 class Send(Op):
@@ -43,8 +65,32 @@ class Send(Op):
         self.address = data.__array_interface__["data"][0] if data.size else 0  # where a reader on this host finds it
         self.dtype, self.count, self.nbytes = code_of(data.dtype), data.size, data.nbytes
         self.future, self.finished = Future(), False
-        self.state = "connecting"  # connecting, sending, announced (waiting for CLEAR), done
+        self.state = SendState.CONNECTING
         self.what = f"send #{number} to rank {dest} (tag {tag})"
+
+    def move(self, to: SendState) -> None:
+        """Take the transition to ``to`` (:data:`MOVES`); news of a send already done (it failed, or the
+        group closed, while its frames were on their way) changes nothing."""
+        if self.state is SendState.DONE:
+            return
+        if to not in MOVES[self.state]:
+            raise RuntimeError(f"{self.what} cannot go from {self.state.value} to {to.value}")
+        self.state = to
+
+    def finish(self) -> None:
+        self.state = SendState.DONE
+
+    def partner(self) -> int | None:
+        """The rank it cannot finish without."""
+        return self.dest
+
+    def waiting(self) -> str:
+        """What it waits for, in the words of a timeout."""
+        if self.state is SendState.CONNECTING:
+            return f"waiting to connect to rank {self.dest}"
+        if self.state is SendState.ANNOUNCED:
+            return f"waiting for rank {self.dest} to post a matching receive"
+        return f"waiting to send to rank {self.dest}"
 
 
 class Recv(Op, Receive):
@@ -60,6 +106,16 @@ class Recv(Op, Receive):
         self.future, self.finished = Future(), False
         self.what = (f"recv #{number} from {'any rank' if source is None else f'rank {source}'} "
                      f"({'any tag' if tag is None else f'tag {tag}'})")
+
+    def partner(self) -> int | None:
+        """The rank it cannot finish without: its message's sender once it took one (``None``: any)."""
+        return self.got.source if self.got is not None else self.source
+
+    def waiting(self) -> str:
+        """What it waits for, in the words of a timeout."""
+        if self.got is not None:
+            return f"receiving its payload from rank {self.got.source}"
+        return f"waiting for a matching send from {'any rank' if self.source is None else f'rank {self.source}'}"
 
 
 class Message(Envelope):
@@ -80,8 +136,8 @@ class Peer:
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.out: Link | None = None  # the link this rank dialed: its messages to the peer
-        self.inn: Link | None = None  # the link the peer dialed: its messages to this rank
+        self.out: MessageLink | None = None  # the link this rank dialed: its messages to the peer
+        self.inn: MessageLink | None = None  # the link the peer dialed: its messages to this rank
         self.dialing = False
         self.backlog: list = []  # frames to send once ``out`` is connected
         self.sent = 0  # messages sent to the peer (their numbers)
@@ -110,9 +166,9 @@ class P2PWork(Work):
         work.wait(); work.source        # 1
     """
 
-    def __init__(self, engine, op: Op):
-        super().__init__(op.future, f"rank {engine.rank}/{engine.size}: {op.what}", engine.progress_ident)
-        self._engine = engine
+    def __init__(self, messenger, op: Op):
+        super().__init__(op.future, f"rank {messenger.rank}/{messenger.size}: {op.what}", messenger.progress_ident)
+        self._messenger = messenger
         self._op = op
 
     @property
@@ -138,7 +194,7 @@ class P2PWork(Work):
     def complete(self) -> None:
         """Wait as a blocking call does (``send``, ``recv``, MPI's ``Send``/``Recv``): no handle outlives
         it, so an exception of the caller's escaping the wait cancels the operation, or breaks the group
-        where it cannot be cancelled cleanly (:meth:`.engine.Engine.interrupted`)."""
+        where it cannot be cancelled cleanly (:meth:`.messenger.Messenger.interrupted`)."""
         try:
             self.wait()
         except BaseException as exc:
@@ -147,13 +203,13 @@ class P2PWork(Work):
 
     def interrupted(self, exc: BaseException) -> None:
         """The blocking call this operation is part of was cut short by ``exc``: cancel it, or break the group."""
-        self._engine.interrupted(self._op, exc)
+        self._messenger.interrupted(self._op, exc)
 
     def is_completed(self) -> bool:
         """Whether it has finished, successfully or not; never blocks. Looks at the links first (once,
         waiting for nothing), so that a loop of tests moves the messages itself, as MPI's tests do."""
         if threading.get_ident() != self._completer:
-            self._engine.look(self._op)
+            self._messenger.look(self._op)
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -163,15 +219,15 @@ class P2PWork(Work):
         goes on. At the group's timeout it fails with :class:`~allreduce.errors.CommTimeout`, naming
         the peer, and the group breaks. ``RuntimeError`` from a callback on the progress thread.
         """
-        op, engine = self._op, self._engine
+        op, messenger = self._op, self._messenger
         if not op.finished:
             if threading.get_ident() == self._completer:
                 return super().wait()  # raises: the progress thread would wait for itself
-            limit = engine.timeout if timeout is None else min(timeout, engine.timeout)
-            if not engine.drive(lambda: op.finished, time.monotonic() + limit):
-                if timeout is not None and timeout < engine.timeout:
+            limit = messenger.timeout if timeout is None else min(timeout, messenger.timeout)
+            if not messenger.drive(lambda: op.finished, time.monotonic() + limit):
+                if timeout is not None and timeout < messenger.timeout:
                     raise TimeoutError(f"{self._what} did not complete within {timeout}s")
-                engine.expire(op)
+                messenger.expire(op)
         error = self._future.exception()  # finished: settled now, or in a moment by the thread that finished it
         if error is not None:
             raise error
@@ -180,7 +236,7 @@ class P2PWork(Work):
 
 def wait_any(works: list) -> None:
     """Return once one of ``works`` (``Work`` handles: point-to-point ones, or collectives') is done,
-    moving the point-to-point messages meanwhile. Works of one engine wait in its poll, woken by the
+    moving the point-to-point messages meanwhile. Works of one messenger wait in its poll, woken by the
     frame that finishes one of them; a mix is looked at in turn, with naps in between. Nobody waits
     past the group's timeout: a point-to-point operation still unfinished then fails with
     :class:`~allreduce.errors.CommTimeout` (the group breaks), as its own wait would.
@@ -193,16 +249,16 @@ def wait_any(works: list) -> None:
         if threading.get_ident() == work._completer:
             work.wait()  # done already, or raises
             return
-    engines = {id(work._engine) for work in p2p}
-    if p2p and len(p2p) == len(works) and len(engines) == 1:
-        engine, ops = p2p[0]._engine, [work._op for work in p2p]
-        if not engine.drive(lambda: any(op.finished for op in ops), time.monotonic() + engine.timeout):
-            engine.expire(ops[0])
+    messengers = {id(work._messenger) for work in p2p}
+    if p2p and len(p2p) == len(works) and len(messengers) == 1:
+        messenger, ops = p2p[0]._messenger, [work._op for work in p2p]
+        if not messenger.drive(lambda: any(op.finished for op in ops), time.monotonic() + messenger.timeout):
+            messenger.expire(ops[0])
         return
     start, nap = time.monotonic(), NAP_S
     while works and not any(work.is_completed() for work in works):
         for work in p2p:
-            if time.monotonic() - start >= work._engine.timeout:
-                work._engine.expire(work._op)
+            if time.monotonic() - start >= work._messenger.timeout:
+                work._messenger.expire(work._op)
         time.sleep(nap)
         nap = min(2 * nap, NAP_CAP_S)

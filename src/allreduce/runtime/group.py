@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
-from ..p2p import Engine, P2PWork
+from ..p2p import Messenger, P2PWork
 from ..algorithms.lines import LineLimits
 from ..engines.native_lines import NativeLinesEngine, NativePlan
 from ..planner import determinism
@@ -99,7 +99,7 @@ class ProcessGroup:
 
     def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
-                 intra: str = "tcp", settings: Settings | None = None, p2p: Engine | None = None,
+                 intra: str = "tcp", settings: Settings | None = None, p2p: Messenger | None = None,
                  shm_options: ShmOptions | None = None):
         self.store = store
         self.rank = rank

@@ -43,7 +43,7 @@ class Transport:
 
     rank: int
     size: int
-    lines = None  # the shared-memory lines (shm.lines.Lines) where every rank of the group is on this host
+    lines = None  # the shared-memory lines (shm.linepath.Lines) where every rank of the group is on this host
 
     def exchange(self, sends: list[SendSpec], recvs: list[RecvSpec], deadline: float,
                  idle: Optional[Callable[[], None]] = None, idle_every: float = 1.0) -> None:

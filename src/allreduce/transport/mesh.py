@@ -25,13 +25,13 @@ STRANGER_S = 5.0  # seconds an accepted connection may take over its hello (and 
 FAILED = "failed"  # the store key prefix where a rank says why it gave up (``failed/<rank>``)
 
 
-class Link(Protocol):
+class Closable(Protocol):
     """Whatever a transport's links are (a socket, a record holding one): the mesh only closes them."""
 
     def close(self) -> None: ...
 
 
-L = TypeVar("L", bound=Link)
+L = TypeVar("L", bound=Closable)
 
 
 class Peering(Protocol[L]):

@@ -52,9 +52,9 @@ pidfd or socket says so), closes or aborts (a state word and reason in its segme
 ``PeerLost``, after anything it had already posted has been taken.
 
 Files, one concern each: ``options`` (sizes and waiting policy, from ``ALLREDUCE_SHM_*``), ``layout``
-(offsets in a control segment), ``peersocket`` (hello and notices over the Unix socket), ``peer`` (what
-we know of one peer), ``dataplane`` (posting and taking slots), ``waiting`` (spin, yield, sleep),
-``lines`` (the small-message path: one line per rank and call, read in place, futex wake-ups) and
+(offsets in a control segment), ``peering`` (hello and notices over the Unix socket), ``link`` (the
+link to one peer: what we know of it), ``dataplane`` (posting and taking slots), ``waiting`` (spin, yield, sleep),
+``linepath`` (the small-message path: one line per rank and call, read in place, futex wake-ups) and
 ``transport`` (set-up, the exchange loop, teardown).
 """
 

@@ -1,7 +1,7 @@
 """Moving frames through the channels: posting sends into slots, taking receives out of them.
 
 Its own file because this is the hot path, and the only code that touches slots; how a rank waits
-when nothing moves is :mod:`.waiting`, who the peers are is :mod:`.peer`. A message goes inline
+when nothing moves is :mod:`.waiting`, who the peers are is :mod:`.link`. A message goes inline
 (copied through slots a chunk at a time), registered (the slot names a shared segment and offset),
 staged (copied once into a staging segment, then read as a registered one) or cross-memory (the slot
 names an address the receiver reads with ``process_vm_readv``); point-to-point sends are staged too,
@@ -16,7 +16,7 @@ from .. import shmseg
 from ..base import RecvSpec, SendSpec
 from .layout import CROSS, INLINE, MODE, NBYTES, OFFSET, PAYLOAD_AT, REGISTERED, WHERE, slot_size
 from .options import ShmOptions
-from .peer import Peer
+from .link import ShmLink
 
 POINT_TO_POINT = collectives.get("send").code  # frames of send/recv, whose receiver may come much later
 
@@ -26,7 +26,7 @@ class Out:
 
     __slots__ = ("peer", "header", "payload", "nbytes", "posted", "await_slot", "done", "after", "buffered")
 
-    def __init__(self, peer: Peer, spec: SendSpec, after: "Out | None", buffered_max: int):
+    def __init__(self, peer: ShmLink, spec: SendSpec, after: "Out | None", buffered_max: int):
         self.peer = peer
         self.header = wire.encode(spec.header)
         self.payload = spec.payload
@@ -43,7 +43,7 @@ class In:
 
     __slots__ = ("peer", "header", "spec", "nbytes", "got", "started", "order", "done", "after")
 
-    def __init__(self, peer: Peer, spec: RecvSpec, order: int, after: "In | None"):
+    def __init__(self, peer: ShmLink, spec: RecvSpec, order: int, after: "In | None"):
         self.peer = peer
         self.header = wire.encode(spec.header)
         self.spec = spec
@@ -58,7 +58,7 @@ class In:
 class DataPlane:
     """Posts and takes slots for one rank: its own control segment's channels and its peers'."""
 
-    def __init__(self, data: memoryview, words: memoryview, peers: dict[int, Peer], options: ShmOptions,
+    def __init__(self, data: memoryview, words: memoryview, peers: dict[int, ShmLink], options: ShmOptions,
                  chunk: int):
         self.options = options
         self.peers = peers
@@ -132,7 +132,7 @@ class DataPlane:
                 break
         return progressed
 
-    def _post(self, peer: Peer) -> None:
+    def _post(self, peer: ShmLink) -> None:
         peer.posted += 1
         self._words[peer.out_sent] = peer.posted
         peer.wake()
@@ -270,7 +270,7 @@ def _land(inn: In, view: memoryview, offset: int) -> None:
         spec.progress(offset + view.nbytes)
 
 
-def _mismatch(peer: Peer, slot: int, inn: In) -> AllreduceError:
+def _mismatch(peer: ShmLink, slot: int, inn: In) -> AllreduceError:
     try:
         wire.check(wire.decode(bytes(inn.header)), wire.decode(bytes(peer.bytes[slot:slot + wire.HEADER_SIZE])))
         exc: AllreduceError = ProtocolError("frame header changed while it was read")

@@ -1,7 +1,7 @@
 """The shared-memory transport itself: set-up, the exchange loop, spotting gone peers, teardown.
 
 Its own file because this is where the parts meet: the mesh (:mod:`..mesh`, with
-:class:`.peersocket.ShmPeering`) links the ranks, :mod:`.dataplane` moves frames, :mod:`.waiting` says
+:class:`.peering.ShmPeering`) links the ranks, :mod:`.dataplane` moves frames, :mod:`.waiting` says
 how to wait, and only this file decides when a peer's absence is an error.
 """
 
@@ -15,10 +15,10 @@ from ..base import RecvSpec, SendSpec, Transport
 from . import layout
 from .dataplane import DataPlane, In, Out
 from .layout import ABORTED, ADDRESS, CHANNELS_AT, CLOSED, OPEN, STATE, UNMAPS
-from .lines import Lines
+from .linepath import Lines
 from .options import ShmOptions
-from .peer import Peer
-from .peersocket import ShmPeering
+from .link import ShmLink
+from .peering import ShmPeering
 from .waiting import Stretch, Waiting
 
 
@@ -27,7 +27,7 @@ class ShmTransport(Transport):
 
     kind = "shm"
 
-    def __init__(self, rank: int, size: int, segment: shmseg.Segment, peers: dict[int, Peer],
+    def __init__(self, rank: int, size: int, segment: shmseg.Segment, peers: dict[int, ShmLink],
                  options: ShmOptions, chunk: int):
         self.rank = rank
         self.size = size
@@ -65,7 +65,7 @@ class ShmTransport(Transport):
             raise
         peers = {}
         for peer, link in links.items():
-            peers[peer] = Peer(peer, link.sock, shmseg.attach(link.fd, 0),
+            peers[peer] = ShmLink(peer, link.sock, shmseg.attach(link.fd, 0),
                                CHANNELS_AT + members.index(peer) * channel,
                                CHANNELS_AT + members.index(rank) * channel, link.pid)
             link.sock.setblocking(False)

@@ -19,7 +19,7 @@ from ...errors import CommTimeout, with_peer
 from .dataplane import In
 from .layout import SLEEPING
 from .options import ShmOptions
-from .peer import Peer
+from .link import ShmLink
 
 
 class Stretch:
@@ -35,7 +35,7 @@ class Stretch:
 class Waiting:
     """The waiting policy of one rank, and the descriptors it sleeps on: its peers' sockets and pidfds."""
 
-    def __init__(self, options: ShmOptions, words: memoryview, peers: dict[int, Peer]):
+    def __init__(self, options: ShmOptions, words: memoryview, peers: dict[int, ShmLink]):
         self.options = options
         self._words = words  # our control segment, for the sleeping flag
         self._cores = len(os.sched_getaffinity(0))
@@ -43,7 +43,7 @@ class Waiting:
         self._load = 0.0  # the load average, read at most once a second
         self._load_read = -1.0
         self._poller = select.poll()
-        self._polled: dict[int, Peer] = {}  # descriptor -> the peer whose socket or pidfd it is
+        self._polled: dict[int, ShmLink] = {}  # descriptor -> the peer whose socket or pidfd it is
         for peer in peers.values():
             for fd in (peer.sock.fileno(), peer.pidfd):
                 if fd is not None:
@@ -103,7 +103,7 @@ class Waiting:
             self._words[SLEEPING] = 0
             stretch.armed = False
 
-    def forget(self, peer: Peer) -> None:
+    def forget(self, peer: ShmLink) -> None:
         """Stop polling a gone peer's descriptors (they would stay readable forever)."""
         for fd in (peer.sock.fileno(), peer.pidfd):
             if self._polled.pop(fd, None) is not None:

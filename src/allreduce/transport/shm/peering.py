@@ -50,8 +50,9 @@ def notice(data: bytes, fds: list[int]) -> tuple[str, int]:
 
 
 @dataclass
-class Link:
-    """A linked peer before its channels are mapped: socket, control segment descriptor, pid."""
+class PeerSocket:
+    """The Unix socket to a peer that passed the hello, before its channels are mapped: the socket, the
+    peer's control segment descriptor, its pid."""
 
     sock: socket.socket
     fd: int
@@ -83,7 +84,7 @@ class ShmPeering:
         listener.listen(backlog)
         return listener, name
 
-    def dial(self, peer: int, address: str, deadline: float) -> Link:
+    def dial(self, peer: int, address: str, deadline: float) -> PeerSocket:
         """Connect to lower rank ``peer`` and trade hellos and control segments."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         link = None
@@ -94,14 +95,14 @@ class ShmPeering:
                 raise ProtocolError(f"a process of another user listens at rank {peer}'s address")
             self._send_hello(sock, peer)
             theirs, fd = self._receive_hello(sock, (peer,))
-            link = Link(sock, fd, _peer_pid(sock))
+            link = PeerSocket(sock, fd, _peer_pid(sock))
         except (OSError, ProtocolError) as exc:
             (link or sock).close()
             raise RendezvousError(f"rank {self.rank} could not link with rank {peer} over shared memory: "
                                   f"{exc}") from exc
         return self._agreed(link, peer, theirs.terms)
 
-    def answer(self, sock: socket.socket, due: float) -> tuple[int, Link] | None:
+    def answer(self, sock: socket.socket, due: float) -> tuple[int, PeerSocket] | None:
         """Take a higher member's hello and answer it; ``None`` (closed) for a stranger.
 
         Raises:
@@ -113,7 +114,7 @@ class ShmPeering:
                 raise ProtocolError("another user")
             sock.settimeout(max(0.1, due - time.monotonic()))
             theirs, fd = self._receive_hello(sock, [m for m in self.members if m > self.rank])
-            link = Link(sock, fd, _peer_pid(sock))
+            link = PeerSocket(sock, fd, _peer_pid(sock))
             self._send_hello(sock, theirs.sender)
         except (OSError, ProtocolError):
             (link or sock).close()
@@ -137,7 +138,7 @@ class ShmPeering:
             raise
         return greeting, fds[0]
 
-    def _agreed(self, link: Link, peer: int, theirs: tuple[int, ...]) -> Link:
+    def _agreed(self, link: PeerSocket, peer: int, theirs: tuple[int, ...]) -> PeerSocket:
         """``link``, if the peer's channels are laid out as ours; ``RendezvousError`` (closed) if not."""
         if theirs != self.layout:
             link.close()

@@ -47,7 +47,7 @@ from .. import shmseg
 from .layout import (LINE_CALL, LINE_HEADER_AT, LINE_NUMBER, LINE_PAYLOAD_AT, LINE_PRINT, LINE_SLEEPING,
                      LINES_FIRST, line_size)
 from .options import ShmOptions
-from .peer import Peer
+from .link import ShmLink
 from .waiting import Waiting
 
 _SYS_FUTEX = 202  # x86-64's number; the transport runs nowhere else
@@ -71,7 +71,7 @@ class Lines:
     at byte ``at`` of every rank's control segment.
     """
 
-    def __init__(self, rank: int, segment: shmseg.Segment, words: memoryview, peers: dict[int, Peer], at: int,
+    def __init__(self, rank: int, segment: shmseg.Segment, words: memoryview, peers: dict[int, ShmLink], at: int,
                  options: ShmOptions, waiting: Waiting):
         self.rank = rank
         self.size = len(peers) + 1
@@ -108,10 +108,10 @@ class Lines:
         self._closing.append(hook)
 
     def gone(self, rank: int) -> str | None:
-        """Why peer ``rank`` can no longer take part, or ``None`` (see :meth:`.peer.Peer.gone`)."""
+        """Why peer ``rank`` can no longer take part, or ``None`` (see :meth:`.link.ShmLink.gone`)."""
         return self._peer(rank).gone()
 
-    def _peer(self, rank: int) -> Peer:
+    def _peer(self, rank: int) -> ShmLink:
         return self._peers[rank if rank < self.rank else rank - 1]
 
     def views(self, dtype: np.dtype, count: int) -> list[list[np.ndarray]]:
@@ -175,7 +175,7 @@ class Lines:
             if words[head + LINE_CALL] != call or words[head + LINE_PRINT] != fingerprint:
                 raise self.mismatch(peer.rank, number & 1)
 
-    def _await(self, peer: Peer, words: memoryview, head: int, address: int, number: int, deadline: float,
+    def _await(self, peer: ShmLink, words: memoryview, head: int, address: int, number: int, deadline: float,
                idle, idle_every: float) -> None:
         options, monotonic = self.options, time.monotonic
         start = quiet = checked = monotonic()

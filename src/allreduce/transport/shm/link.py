@@ -1,4 +1,4 @@
-"""Another rank on this host as this rank sees it: its socket, its process, its control segment, the
+"""The shared-memory link to another rank on this host, as this rank sees it: its socket, its process, its control segment, the
 two channels between us, and the registered segments we have traded.
 
 Its own file because this is the state kept per peer and the questions asked of it (has it posted,
@@ -15,12 +15,13 @@ import time
 
 from ...errors import CommTimeout, PeerLost, with_peer
 from .. import shmseg
-from . import layout, peersocket
+from . import layout, peering
 from .layout import ABORTED, CLOSED, SENT, SLEEPING, SLOTS_AT, STATE, TAKEN, UNMAPS
 
 
-class Peer:
-    """Another rank on this host: its socket, its process, its control segment and our two channels."""
+class ShmLink:
+    """The link to another rank on this host: its socket, its process, its control segment and our two
+    channels."""
 
     def __init__(self, rank: int, sock: socket.socket, segment: shmseg.Segment, out_at: int, in_at: int,
                  pid: int):
@@ -51,7 +52,7 @@ class Peer:
         sleep period."""
         if always or self.words[SLEEPING]:
             try:
-                self.sock.send(peersocket.WAKE, socket.MSG_DONTWAIT)
+                self.sock.send(peering.WAKE, socket.MSG_DONTWAIT)
             except OSError:
                 pass
 
@@ -64,14 +65,14 @@ class Peer:
             pass
 
     def _read(self, flags: int = 0) -> None:
-        """One notice (:func:`.peersocket.notice`): a descriptor is kept, an unmap acted on."""
+        """One notice (:func:`.peering.notice`): a descriptor is kept, an unmap acted on."""
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, 64, 4, flags)
         except (BlockingIOError, TimeoutError):
             raise
         except OSError:
             data, fds = b"", []
-        what, gen = peersocket.notice(data, fds)
+        what, gen = peering.notice(data, fds)
         if what == "end":
             self.hung_up = True
         elif what == "share":
@@ -119,7 +120,7 @@ class Peer:
         if segment.gen in self.shared:
             return True
         try:
-            socket.send_fds(self.sock, [peersocket.share_notice(segment.gen)], [segment.fd], socket.MSG_DONTWAIT)
+            socket.send_fds(self.sock, [peering.share_notice(segment.gen)], [segment.fd], socket.MSG_DONTWAIT)
         except OSError:
             return False
         self.shared.add(segment.gen)
@@ -131,7 +132,7 @@ class Peer:
         for gen in self.shared.intersection(gens):
             self.shared.discard(gen)
             try:
-                self.sock.send(peersocket.unmap_notice(gen), socket.MSG_DONTWAIT)
+                self.sock.send(peering.unmap_notice(gen), socket.MSG_DONTWAIT)
             except OSError:
                 continue
             words[UNMAPS] += 1
