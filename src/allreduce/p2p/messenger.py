@@ -101,7 +101,7 @@ class Messenger:
 
     @classmethod
     def start(cls, store, rank: int, size: int, host: str, name: str, timeout: float,
-              security: Security) -> "Messenger":
+              security: Security) -> Messenger:
         """Listen on ``host``, publish the address in ``store`` and start the progress thread; links
         prove themselves with ``security``.
 

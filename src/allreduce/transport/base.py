@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..wire import Header
 
@@ -34,8 +34,8 @@ class RecvSpec:
     peer: int
     header: Header
     dest: memoryview
-    progress: Optional[Callable[[int], None]] = None
-    absorb: Optional[Callable[[memoryview, int], None]] = None
+    progress: Callable[[int], None] | None = None
+    absorb: Callable[[memoryview, int], None] | None = None
 
 
 class Transport:
@@ -46,7 +46,7 @@ class Transport:
     lines = None  # the shared-memory lines (shm.linepath.Lines) where every rank of the group is on this host
 
     def exchange(self, sends: list[SendSpec], recvs: list[RecvSpec], deadline: float,
-                 idle: Optional[Callable[[], None]] = None, idle_every: float = 1.0) -> None:
+                 idle: Callable[[], None] | None = None, idle_every: float = 1.0) -> None:
         """Progress every send and receive concurrently until all are done.
 
         ``idle()``, when given, is called after every ``idle_every`` seconds without progress; it may

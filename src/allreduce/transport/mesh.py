@@ -16,7 +16,8 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterable
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import Protocol, TypeVar
+from collections.abc import Callable
 
 from ..errors import CommTimeout, PeerLost, RendezvousError, exhausted, with_peer
 
@@ -39,7 +40,7 @@ class Peering(Protocol[L]):
 
     kind: str  # the store key prefix of the addresses: "tcp", "shm"
     joining: str  # what the missing ranks have not done yet, for the timeout message: "connect"
-    knock: Optional[Callable[[str], None]]  # raise ConnectionRefusedError if nothing listens at an address
+    knock: Callable[[str], None] | None  # raise ConnectionRefusedError if nothing listens at an address
 
     def listen(self, backlog: int) -> tuple[socket.socket, str]:
         """A listening socket and the address peers dial it at."""
@@ -116,7 +117,7 @@ def _accept(peering: Peering[L], listener: socket.socket, until: float, deadline
     except TimeoutError:
         return None
     except OSError as exc:
-        raise exhausted(exc, f"accepting a {peering.kind} link") or exc
+        raise exhausted(exc, f"accepting a {peering.kind} link") or exc  # noqa: B904 (the OSError stays its context)
     now = time.monotonic()
     return peering.answer(sock, max(now + 0.1, min(now + STRANGER_S, deadline)))
 

@@ -71,7 +71,7 @@ def create(nbytes: int, label: str) -> Segment:
     except BaseException as exc:
         if fd >= 0:
             os.close(fd)
-        raise exhausted(exc, f"making a {size}-byte shared-memory segment") or exc
+        raise exhausted(exc, f"making a {size}-byte shared-memory segment") or exc  # noqa: B904 (the OSError stays its context)
     with _lock:
         gen = next(_gens)
     return Segment(fd, mapped, size, gen, address_of(mapped))

@@ -33,8 +33,8 @@ descriptor and up to ``chunk`` bytes of payload. A message travels in one of fou
   still in cache. One copy, and no staging memory of the payload's size.
 
 Registered and cross-memory sends are rendezvous: the send is done when the receiver has taken
-the slot, so the sender's memory is not reused while it is read. Point-to-point sends (``send``/``isend``), whose receiver may
-run later, are *buffered* instead: copied into a staging segment that is read like a registered one,
+the slot, so the sender's memory is not reused while it is read. Point-to-point sends (``send``/``isend``), whose
+receiver may run later, are *buffered* instead: copied into a staging segment that is read like a registered one,
 and done at once, as on TCP. Frames on one link keep their order, and receives that absorb complete
 in list order, so reductions combine in the schedule's order.
 

@@ -26,7 +26,7 @@ class Out:
 
     __slots__ = ("peer", "header", "payload", "nbytes", "posted", "await_slot", "done", "after", "buffered")
 
-    def __init__(self, peer: ShmLink, spec: SendSpec, after: "Out | None", buffered_max: int):
+    def __init__(self, peer: ShmLink, spec: SendSpec, after: Out | None, buffered_max: int):
         self.peer = peer
         self.header = wire.encode(spec.header)
         self.payload = spec.payload
@@ -43,7 +43,7 @@ class In:
 
     __slots__ = ("peer", "header", "spec", "nbytes", "got", "started", "order", "done", "after")
 
-    def __init__(self, peer: ShmLink, spec: RecvSpec, order: int, after: "In | None"):
+    def __init__(self, peer: ShmLink, spec: RecvSpec, order: int, after: In | None):
         self.peer = peer
         self.header = wire.encode(spec.header)
         self.spec = spec

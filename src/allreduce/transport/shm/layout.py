@@ -7,8 +7,8 @@ the segment's owner, and ``TAKEN``, written only by the peer), then a ring of sl
 frame header, a few descriptor words, then up to ``chunk`` bytes of payload.
 
 After the channels come the owner's two *lines* (:mod:`.lines`), the small-message path: a cache line
-holding the owner's sleeping flag and the times of its last post and return, then per line a head (the call's number, its group sequence number,
-its fingerprint and frame header) and up to ``line_max`` bytes of payload.
+holding the owner's sleeping flag and the times of its last post and return, then per line a head (the call's number,
+its group sequence number, its fingerprint and frame header) and up to ``line_max`` bytes of payload.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import ctypes
 import os
 import time
 import weakref
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class Lines:
                 return
 
     def wait(self, number: int, call: int, fingerprint: int, deadline: float,
-             idle: Optional[Callable[[], None]] = None, idle_every: float = 1.0) -> None:
+             idle: Callable[[], None] | None = None, idle_every: float = 1.0) -> None:
         """Return once every peer has posted round ``number``, with the same ``call`` and ``fingerprint``.
 
         Raises:

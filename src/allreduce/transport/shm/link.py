@@ -1,5 +1,5 @@
-"""The shared-memory link to another rank on this host, as this rank sees it: its socket, its process, its control segment, the
-two channels between us, and the registered segments we have traded.
+"""The shared-memory link to another rank on this host, as this rank sees it: its socket, its process, its control
+segment, the two channels between us, and the registered segments we have traded.
 
 Its own file because this is the state kept per peer and the questions asked of it (has it posted,
 is it gone, where is its segment ``gen``), apart from how frames move (:mod:`.dataplane`).

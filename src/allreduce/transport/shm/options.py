@@ -56,7 +56,7 @@ class ShmOptions:
         return max(min(self.chunk, 4096), min(self.chunk, fair))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ShmOptions":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ShmOptions:
         """The defaults, each replaced by ``ALLREDUCE_SHM_<FIELD>`` where set and not empty
         (``ALLREDUCE_SHM_CROSS_MEMORY=0`` turns cross-memory reads off).
 

@@ -5,8 +5,8 @@ At set-up (the shared-memory side of :mod:`..mesh`) the dialler and then the acc
 hello with their control segment's descriptor alongside (``SCM_RIGHTS``); its terms are the layout of
 channels and lines ``(chunk, slots, line_max, chunked_max, line_chunk)``, which both must share. Each
 end first checks that the other runs as the same user (``SO_PEERCRED``): abstract sockets have no
-permissions, so this keeps other users out. After that the socket carries only notices, each one message: a wake-up, the descriptor of a
-registered segment, or "unmap that segment"; :func:`notice` reads one, whatever arrives.
+permissions, so this keeps other users out. After that the socket carries only notices, each one message: a wake-up,
+the descriptor of a registered segment, or "unmap that segment"; :func:`notice` reads one, whatever arrives.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class ShmTransport(Transport):
 
     @classmethod
     def connect(cls, rank: int, size: int, store, tag: str, timeout: float, members: list[int],
-                options: ShmOptions = ShmOptions()) -> "ShmTransport":
+                options: ShmOptions = ShmOptions()) -> ShmTransport:
         """Link ``rank`` with the other ``members`` (group ranks on this host, this one included).
 
         Raises:
@@ -57,8 +57,8 @@ class ShmTransport(Transport):
         channel = layout.channel_size(chunk, slots)
         segment = layout.create_control(len(members), channel, layout.lines_size(options.line_capacity))
         try:
-            peering = ShmPeering(rank, members, tag, (chunk, slots, options.line_max, options.chunked_max, options.line_chunk),
-                                 segment.fd)
+            shared = (chunk, slots, options.line_max, options.chunked_max, options.line_chunk)
+            peering = ShmPeering(rank, members, tag, shared, segment.fd)
             links = mesh.form(peering, store, rank, members, deadline)
         except BaseException:
             segment.close()

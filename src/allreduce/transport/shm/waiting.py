@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ...errors import CommTimeout, with_peer
 from .dataplane import In
@@ -50,7 +50,7 @@ class Waiting:
                     self._poller.register(fd, select.POLLIN)
                     self._polled[fd] = peer
 
-    def pause(self, stretch: Stretch, pending: list, deadline: float, idle: Optional[Callable[[], None]],
+    def pause(self, stretch: Stretch, pending: list, deadline: float, idle: Callable[[], None] | None,
               idle_every: float, check: Callable[[list], None]) -> None:
         """Nothing moved: spin, yield or sleep, and keep the deadline, the idle hook and ``check(pending)``
         (which raises for a peer that is gone)."""

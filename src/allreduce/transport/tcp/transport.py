@@ -131,7 +131,7 @@ class TcpTransport(Transport):
 
     @classmethod
     def connect(cls, rank: int, size: int, store, host: str, tag: str, timeout: float,
-                security: Security) -> "TcpTransport":
+                security: Security) -> TcpTransport:
         """Form the mesh (:func:`.mesh.form`) through ``store``: listen on ``host``, connect down, accept up,
         each link proving itself with ``security``.
 
@@ -195,7 +195,7 @@ class TcpTransport(Transport):
             ready = [busy[fd] for fd, _ in events if fd in busy]
 
     def _timeout(self, busy: dict[int, ExchangeLink]) -> CommTimeout:
-        waiting = [l for l in busy.values() if l.inq] or list(busy.values())
+        waiting = [link for link in busy.values() if link.inq] or list(busy.values())
         return stalled(waiting[0].peer, bool(waiting[0].inq))
 
     def descriptors(self) -> list[int] | None:
