@@ -26,8 +26,7 @@ from .arguments import (
 from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish, finish_reduction
 from .p2p import P2PWork
-from .planner import determinism
-from .runtime import ProcessGroup, Request
+from .runtime import ProcessGroup, Request, Shape
 from .work import Work
 from .world import Group, resolve_group
 
@@ -72,8 +71,8 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
         # a shape this group ran before (checked, planned): straight to its shortcut, AVG's division after it
-        known = g.shortcuts.get((tensor.dtype, tensor.size, op))
-        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+        known = g.shortcuts.get(Shape.all_reduce(tensor.dtype, tensor.size, op))
+        if known is not None and known.run(tensor):
             if op is ReduceOp.AVG:
                 finish(op, tensor, g.size)
             return None
@@ -107,8 +106,8 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(src) is int and not async_op and algorithm is None:
-        known = g.shortcuts.get(("broadcast", tensor.dtype, tensor.size, src))
-        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+        known = g.shortcuts.get(Shape.broadcast(tensor.dtype, tensor.size, src))
+        if known is not None and known.run(tensor):
             return None
     return _broadcast(g, tensor, src, async_op, algorithm)
 
@@ -230,8 +229,8 @@ def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = resolve_group(group)
     if not async_op:
-        known = g.shortcuts.get(_BARRIER)
-        if known is not None and known[0] == determinism.epoch and known[1](None):
+        known = g.shortcuts.get(Shape.barrier())
+        if known is not None and known.run(None):
             return None
     return g.collective(Request("barrier", {}, 0, np.dtype(np.uint8)), async_op)
 
@@ -313,10 +312,6 @@ def all_reduce_scalar(value: Number, op: Op = ReduceOp.SUM, group: Group = None)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-_BARRIER = ("barrier",)  # the barrier's key in ProcessGroup.shortcuts (a shortcut refuses memory it may not
-# write in place, and any call the group must take the general way: see ProcessGroup.shortcut)
-
 
 def _apart(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The flat input, copied where it overlaps ``out`` (the same array, a view, a slice of one buffer).

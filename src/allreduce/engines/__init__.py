@@ -1,8 +1,10 @@
 """Engines: what runs a planned call on a group's transport, the one interface below the group.
 
 A *planned call* is a :class:`Call` (the shape every rank agrees on) bound to what runs it, ready
-before its first run and reused for every later call of that shape. The group only ever calls
-``planned.run(buffers, seq, timeout, idle, idle_every)``. Two engines make planned calls today:
+before its first run and reused for every later call of that shape. The group calls
+``planned.run(buffers, seq, timeout, idle, idle_every)``; a plan that is also :class:`Resumable` (the
+compiled lines') makes the group's compiled shortcut of its shape and goes on with a run that shortcut
+began. These engines make planned calls:
 
 - :class:`ScheduleEngine` (:mod:`.schedules`) runs a registered algorithm's schedule step by step over
   any transport;
@@ -21,7 +23,7 @@ C follows from ``ALLREDUCE_ENGINE``, the build and (for schedules) the links. Ev
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,15 +50,40 @@ class Planned(Protocol):
         """
 
 
+class CompiledShortcut(Protocol):
+    """``shortcut(array) -> bool``: a blocking call of a plan's shape claimed, numbered and run in one
+    compiled call (see ``native/_lines.c``'s Shortcut)."""
+
+    def __call__(self, data: np.ndarray | None, /) -> bool:
+        """Run the call on ``data`` (``None``: a barrier): ``False``, nothing done, where the general path must."""
+
+    def retire(self) -> None:
+        """Every later call answers ``False`` (its group dropped it)."""
+
+
+@runtime_checkable
+class Resumable(Planned, Protocol):
+    """A planned call whose runs a compiled shortcut can begin, and which goes on with them."""
+
+    def resume(self, outcome: int | BaseException, buffers: dict[str, np.ndarray], seq: int, timeout: float,
+               idle: Callable[[], None] | None = None, idle_every: float = 1.0) -> None:
+        """Go on with run ``seq`` from what its compiled run returned or raised, as :meth:`Planned.run` would."""
+
+    def shortcut(self, state: Any, timeout: float,
+                 resume: Callable[[int, np.ndarray | None, Any], None]) -> CompiledShortcut:
+        """The compiled shortcut of this shape on the group's call ``state`` (:mod:`.callstate`, the
+        compiled one), which hands any ending but the plain one to ``resume(seq, data, outcome)``."""
+
+
 class Engine(Protocol):
     """Makes planned calls for one group's transport."""
 
-    def plan(self, entry: Algorithm, call: Call, options: dict) -> Planned:
+    def plan(self, entry: Algorithm, call: Call, options: dict[str, Any]) -> Planned:
         """The planned call for ``call``, run by ``entry``'s algorithm with ``options`` (from the group)."""
 
     def close(self) -> None:
         """Drop what the planned calls hold of the transport (views of shared memory)."""
 
 
-__all__ = ["Call", "Engine", "LinesEngine", "NativeLinesEngine", "NativeTcpEngine", "Planned", "ScheduleEngine",
-           "engine_for", "reworded"]
+__all__ = ["Call", "CompiledShortcut", "Engine", "LinesEngine", "NativeLinesEngine", "NativeTcpEngine", "Planned",
+           "Resumable", "ScheduleEngine", "engine_for", "reworded"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class Call:
     root: int = 0  # root rank (0 where the collective has none)
     digest: int = 0  # wire.algorithm_digest of the algorithm and options: ranks whose schedules differ disagree here
 
-    def headers(self, seq: int):
+    def headers(self, seq: int) -> Callable[[int, int], wire.Header]:
         """A function ``(step, nbytes) -> Header`` for the frames of run ``seq`` of this call."""
         kind, collective = wire.DATA, collectives.get(self.collective).code
         dtype, op, root, count, make = code_of(self.dtype), int(self.op), self.root, self.count, wire.Header

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ... import api, bootstrap
 from ...ops import ReduceOp
+from ...runtime import Shape
 
 from ..common.tensors import Staged, host_copy, is_direct
 from . import monitored, private, sparse
@@ -43,7 +44,7 @@ class ProcessGroupAllreduce:
         self.group = group
         self._unsettled = shrunk  # made by shrink_group: torch registered it as Gloo (private.settle_shrunk)
         self._compiled = group.compiled  # whether the shim may get compiled shortcuts (else no need to ask)
-        self.issued = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
+        self.sequence = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
         # counts here the calls it runs on a compiled shortcut)
         self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
         self._barriers = 0  # monitored barriers held, which name their store keys
@@ -55,7 +56,7 @@ class ProcessGroupAllreduce:
 
     def _work(self, started, result, *after, source: int | None = -1) -> TorchWork | DoneWork:
         """The torch work of a collective ``started`` (``None``: it ran in this thread and is done)."""
-        self.issued += 1
+        self.sequence += 1
         if self._unsettled:
             self._unsettled = False
             private.settle_shrunk(self)
@@ -83,7 +84,7 @@ class ProcessGroupAllreduce:
     # ---- the shim's short way: blocking calls on one CPU tensor, which it passes as a numpy view
     # (``array``) and whose finished work it makes itself (see ``shim.cpp``). Each returns the group's
     # compiled shortcut of the call's shape (``None``: it has none), which the shim calls itself next
-    # time, with no Python in between, and counts in ``issued``; a shortcut that answers False (stale,
+    # time, with no Python in between, and counts in ``sequence``; a shortcut that answers False (stale,
     # or the group busy, broken or destroyed) sends the call here again ---------------------------
 
     @in_torch_words
@@ -93,22 +94,22 @@ class ProcessGroupAllreduce:
         if reduce_op is None:
             _refuse(dist.ReduceOp.RedOpType(op))
         api.all_reduce(array, reduce_op, group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("all_reduce", array.dtype, array.size, reduce_op) if self._compiled else None
+        self.sequence += 1
+        return self.group.shortcuts.compiled(Shape.all_reduce(array.dtype, array.size, reduce_op)) if self._compiled else None
 
     @in_torch_words
     def broadcast_now(self, array: np.ndarray, root: int):
         """``dist.broadcast(t, src)``; ``root`` is ``src``'s rank in this group."""
         api.broadcast(array, root, group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("broadcast", array.dtype, array.size, root=root) if self._compiled else None
+        self.sequence += 1
+        return self.group.shortcuts.compiled(Shape.broadcast(array.dtype, array.size, root)) if self._compiled else None
 
     @in_torch_words
     def barrier_now(self):
         """``dist.barrier()``."""
         api.barrier(group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("barrier") if self._compiled else None
+        self.sequence += 1
+        return self.group.shortcuts.compiled(Shape.barrier()) if self._compiled else None
 
     @in_torch_words
     def now_failed(self, error: BaseException) -> NoReturn:
@@ -250,7 +251,7 @@ class ProcessGroupAllreduce:
         return TorchWork(parts, None)
 
     def _get_sequence_number_for_group(self) -> int:
-        return self.issued
+        return self.sequence
 
     def shutdown(self) -> None:
         """Close the group, release its keys from torch's store, then leave it (rank 0 waits briefly for the
@@ -284,7 +285,7 @@ class ProcessGroupAllreduce:
 
     def _joined(self, works: list, result) -> TorchWork | DoneWork:
         """One work done when all of ``works`` are (a coalesced call made of several collectives)."""
-        self.issued -= len(works) - 1
+        self.sequence -= len(works) - 1
         parts = [part for w in works for part in w.parts]
         return TorchWork(parts, result) if parts else DoneWork(result)
 
