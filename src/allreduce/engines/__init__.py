@@ -8,9 +8,9 @@ began. These engines make planned calls:
 
 - :class:`ScheduleEngine` (:mod:`.schedules`) runs a registered algorithm's schedule step by step over
   any transport;
-- :class:`LinesEngine` (:mod:`.lines`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
+- :class:`LinesEngine` (:mod:`.line_plans`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
   shared-memory lines of a group whose ranks share one host;
-- :class:`NativeLinesEngine` (:mod:`.native_lines`) runs the same plans in C, one call per run with the
+- :class:`NativeLinesEngine` (:mod:`.native_line_plans`) runs the same plans in C, one call per run with the
   GIL released (``allreduce.native._lines``), where the extension was built;
 - :class:`NativeTcpEngine` (:mod:`.native_tcp`) runs the schedules of a group whose every link is a
   plain TCP socket in C, one call per run with the GIL released (``allreduce.native._tcp``).
@@ -29,8 +29,8 @@ import numpy as np
 
 from ..algorithms import Algorithm
 from .call import Call, reworded
-from .lines import LinesEngine
-from .native_lines import NativeLinesEngine
+from .line_plans import LinesEngine
+from .native_line_plans import NativeLinesEngine
 from .native_tcp import NativeTcpEngine, engine_for
 from .schedules import ScheduleEngine
 

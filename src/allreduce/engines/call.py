@@ -12,6 +12,8 @@ from ..dtypes import code_of
 from ..errors import AllreduceError, CommTimeout, Interrupted
 from ..ops import ReduceOp
 
+Idle = Callable[[], None] | None  # what a run calls every idle_every seconds without progress (it may raise)
+
 
 @dataclass(frozen=True)
 class Call:

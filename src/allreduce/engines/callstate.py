@@ -4,9 +4,10 @@ One type, written once for both engines: the compiled one is ``allreduce.native.
 (``native/callstate.c``), which the compiled shortcut drives directly; :class:`CallState` here is its
 pure-Python twin, field for field and method for method, for a group whose lines run in Python
 (``ALLREDUCE_ENGINE=python``, or no compiled engine). The runtime reads and writes the fields with the
-group's lock held: ``runtime/life.py`` keeps ``usable``, ``runtime/claims.py`` ``issuer``, ``conflict``
-and ``progress``, ``runtime/queue.py`` ``busy``, ``queued`` and ``issued``, ``runtime/health.py``
-publishes ``started``.
+group's lock held: ``runtime/life.py`` keeps ``usable``, ``runtime/claims.py`` ``issuer`` and
+``conflict``, ``runtime/queue.py`` ``busy`` and ``queued``, ``runtime/health.py`` publishes ``started``,
+and the group numbers its calls (``issued``) and names its progress thread (``progress``). No C source
+reads the runtime's objects by attribute name: the compiled shortcut has this struct.
 """
 
 from __future__ import annotations

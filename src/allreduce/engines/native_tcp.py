@@ -30,8 +30,7 @@ from ..algorithms.schedule import Region, Schedule
 from ..ops import kernel
 from ..transport import Transport
 from ..transport.tcp import TcpTransport, aborted, lost, stalled, unexpected
-from .call import Call, reworded
-from .lines import Idle
+from .call import Call, Idle, reworded
 from .schedules import Scratch, schedule_for, steps_of
 
 _BUFFERS = ("data", "out", "tmp")  # the first entries of a run's buffer table; the staging buffers follow

@@ -27,8 +27,7 @@ from .. import algorithms, collectives
 from ..algorithms.schedule import Copy, Recv, Region, Schedule, Send
 from ..ops import kernel
 from ..transport import RecvSpec, SendSpec, Transport
-from .call import Call, reworded
-from .lines import Idle
+from .call import Call, Idle, reworded
 
 _REDUCE_BLOCK = 1 << 16  # bytes reduced at a time while a segment is still arriving
 

@@ -4,7 +4,7 @@
  * payload into line `number % 2`, then the call's sequence number, its fingerprint and frame header,
  * and the number last (a release store: x86-64 keeps one process's stores in order); it waits until
  * every peer's line shows the number, compares their call and fingerprint with its own, and reads
- * their payloads in place. A Plan is one call shape (engines/native_lines.py makes them): `lines`
+ * their payloads in place. A Plan is one call shape (engines/native_line_plans.py makes them): `lines`
  * (one round: all-reduce, reduce, broadcast, all-gather, barrier) or `chunked_lines` (two rounds per
  * chunk of a line: each rank folds its slice of the chunk, then every rank copies the folded slices).
  *
@@ -346,7 +346,7 @@ static inline void cut(Py_ssize_t items, int size, int part, Py_ssize_t *low, Py
     *high = items * (part + 1) / size;
 }
 
-/* Chunks of a line each, two rounds per chunk (engines/lines.py's ChunkedPlan): round one posts this
+/* Chunks of a line each, two rounds per chunk (engines/line_plans.py's ChunkedPlan): round one posts this
  * rank's chunk but its own slice; then it folds its slice over every rank's line (its own term from
  * the caller's array) into its other line and posts that; round two copies every folded slice. */
 static int step_chunked(Plan *p, char *data, double until)
@@ -816,7 +816,7 @@ static PyObject *Lines_plan(Lines *self, PyObject *args)
 }
 
 static PyMemberDef Lines_members[] = {
-    {"numbered", T_LONGLONG, offsetof(Lines, numbered), 0, "line numbers taken so far (engines/lines.py's numbering)"},
+    {"numbered", T_LONGLONG, offsetof(Lines, numbered), 0, "line numbers taken so far (engines/line_plans.py's numbering)"},
     {NULL},
 };
 

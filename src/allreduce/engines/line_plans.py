@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +28,7 @@ from ..algorithms import Algorithm
 from ..dtypes import code_of
 from ..ops import kernel
 from ..transport.shm.lines import Lines
-from .call import Call, reworded
-
-Idle = Callable[[], None] | None  # what a wait calls every idle_every seconds without progress
+from .call import Call, Idle, reworded
 
 SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": False, "barrier": False}
 

@@ -1,4 +1,4 @@
-"""The lines engine in C: the plans of :mod:`.lines`, each run by one call into ``allreduce.native._lines``.
+"""The lines engine in C: the plans of :mod:`.line_plans`, each run by one call into ``allreduce.native._lines``.
 
 The compiled plan writes the payload, posts, waits for every peer's line, compares fingerprints,
 folds in rank order and copies out with the GIL released, in the Python engine's protocol and with
@@ -26,8 +26,8 @@ from ..dtypes import code_of
 from ..errors import CommTimeout, PeerLost, with_peer
 from ..transport.shm.layout import line_size
 from ..transport.shm.lines import Lines
-from .call import Call, reworded
-from .lines import ChunkedPlan, Idle, LinesEngine, Plan, described
+from .call import Call, Idle, reworded
+from .line_plans import ChunkedPlan, LinesEngine, Plan, described
 
 _REDUCES = ("all_reduce", "reduce")
 
