@@ -41,7 +41,7 @@ def test_the_torch_shim_names_no_attribute_of_the_runtime():
 def _twins() -> list:
     lock = threading.RLock()
     twins = [callstate.CallState(lock.acquire, lock.release)]
-    compiled = pytest.importorskip("allreduce.native._lines", reason="the compiled engine is not built")
+    compiled = pytest.importorskip("allreduce.native._line_plans", reason="the compiled engine is not built")
     return twins + [compiled.CallState(lock.acquire, lock.release)]
 
 

@@ -11,7 +11,7 @@ began. These engines make planned calls:
 - :class:`LinesEngine` (:mod:`.line_plans`) runs the lines algorithms (``lines``, ``chunked_lines``) on the
   shared-memory lines of a group whose ranks share one host;
 - :class:`NativeLinesEngine` (:mod:`.native_line_plans`) runs the same plans in C, one call per run with the
-  GIL released (``allreduce.native._lines``), where the extension was built;
+  GIL released (``allreduce.native._line_plans``), where the extension was built;
 - :class:`NativeTcpEngine` (:mod:`.native_tcp`) runs the schedules of a group whose every link is a
   plain TCP socket in C, one call per run with the GIL released (``allreduce.native._tcp``).
 
@@ -52,7 +52,7 @@ class Planned(Protocol):
 
 class CompiledShortcut(Protocol):
     """``shortcut(array) -> bool``: a blocking call of a plan's shape claimed, numbered and run in one
-    compiled call (see ``native/_lines.c``'s Shortcut)."""
+    compiled call (see ``native/_line_plans.c``'s Shortcut)."""
 
     def __call__(self, data: np.ndarray | None, /) -> bool:
         """Run the call on ``data`` (``None``: a barrier): ``False``, nothing done, where the general path must."""

@@ -1,6 +1,6 @@
 """The state a group's call passes through: claimed, numbered, begun, freed.
 
-One type, written once for both engines: the compiled one is ``allreduce.native._lines.CallState``
+One type, written once for both engines: the compiled one is ``allreduce.native._line_plans.CallState``
 (``native/callstate.c``), which the compiled shortcut drives directly; :class:`CallState` here is its
 pure-Python twin, field for field and method for method, for a group whose lines run in Python
 (``ALLREDUCE_ENGINE=python``, or no compiled engine). The runtime reads and writes the fields with the
@@ -84,7 +84,7 @@ class CallState:
 def call_state(settings: Settings, acquire: Callable[..., bool], release: Callable[[], None]) -> CallStateLike:
     """A group's call state: the compiled one where ``settings`` let its lines run compiled, else the twin
     (``acquire`` and ``release``: the group's lock's)."""
-    module = native.chosen("lines", settings)[0]
+    module = native.chosen("line_plans", settings)[0]
     kind = CallState if module is None else module.CallState
     state: CallStateLike = kind(acquire, release)
     return state

@@ -1,4 +1,4 @@
-"""The lines engine in C: the plans of :mod:`.line_plans`, each run by one call into ``allreduce.native._lines``.
+"""The lines engine in C: the plans of :mod:`.line_plans`, each run by one call into ``allreduce.native._line_plans``.
 
 The compiled plan writes the payload, posts, waits for every peer's line, compares fingerprints,
 folds in rank order and copies out with the GIL released, in the Python engine's protocol and with
@@ -92,7 +92,7 @@ class NativePlan:
             raise reworded(exc, self._where % seq, timeout) from exc
 
     def shortcut(self, state: Any, timeout: float, resume: Callable[[int, np.ndarray | None, Any], None]) -> Any:
-        """The compiled shortcut of a blocking call of this shape (see ``_lines.c``'s Shortcut): it claims
+        """The compiled shortcut of a blocking call of this shape (see ``_line_plans.c``'s Shortcut): it claims
         the group's call ``state`` (the compiled :class:`~.callstate.CallState`) for the calling thread
         where the group is idle and usable and nobody holds its lock, numbers the call, records it as
         begun, takes its line numbers and runs it, handing any ending but the plain one to ``resume(seq,

@@ -2,9 +2,9 @@
  *
  * One type for the runtime and the compiled shortcut: the runtime (runtime/claims.py, queue.py, life.py,
  * health.py) reads and writes its fields and calls its methods with the group's lock held; the shortcut
- * (_lines.c) drives the same struct with the GIL held, through the functions below. Its pure-Python twin,
+ * (_line_plans.c) drives the same struct with the GIL held, through the functions below. Its pure-Python twin,
  * engines/callstate.py's CallState, has the same fields and methods and the same rules; a group uses
- * this one where the compiled lines may run (allreduce.native._lines exports it).
+ * this one where the compiled lines may run (allreduce.native._line_plans exports it).
  */
 #include "callstate.h"
 
@@ -159,7 +159,7 @@ static PyMemberDef CallState_members[] = {
 };
 
 PyTypeObject ar_CallStateType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.CallState",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.CallState",
     .tp_basicsize = sizeof(ar_CallState),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The state a group's call passes through (see engines/callstate.py, its Python twin).",

@@ -101,8 +101,8 @@ class Shortcuts(dict[Key, Shortcut]):
             self[key] = self._make(key, planned)
 
     def compiled(self, key: Key) -> Callable[[np.ndarray | None], bool] | None:
-        """The compiled shortcut of ``key``'s shape (``_lines.c``'s Shortcut) where the group keeps one,
-        for compiled callers that keep it (the torch backend's shim calls it through ``_lines``'
+        """The compiled shortcut of ``key``'s shape (``_line_plans.c``'s Shortcut) where the group keeps one,
+        for compiled callers that keep it (the torch backend's shim calls it through ``_line_plans``'
         ``_C_API``); else ``None``. It answers ``False`` once retired, so the caller goes the general
         way and asks again."""
         known = self.get(key)

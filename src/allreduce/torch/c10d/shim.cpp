@@ -12,8 +12,8 @@
 // number) or `broadcast_now` (with the root); no options object crosses into Python. Their work is a
 // DoneWork made here, finished from the start (no Python work, no GIL to wait on it). The views of
 // small tensors are kept for the next call on the same memory (Views). Once the group has a compiled
-// shortcut for the call's shape (allreduce/native/_lines.c's Shortcut, which `*_now` returns), the
-// call goes straight to it through the C entry _lines exports, with no Python in between (Shortcuts).
+// shortcut for the call's shape (allreduce/native/_line_plans.c's Shortcut, which `*_now` returns), the
+// call goes straight to it through the C entry _line_plans exports, with no Python in between (Shortcuts).
 //
 // Built on first use by allreduce/torch/c10d/native.py (torch.utils.cpp_extension.load).
 
@@ -216,14 +216,14 @@ class Shortcuts {
   }
 
   // 1: shortcut ran the call on `data` (a numpy view, or None for a barrier); 0: the general path must
-  // take it; -1: it raised (the Python error set). The entry is _lines.c's shortcut_run, found through
-  // its capsule on the first shortcut: one exists only where allreduce.native._lines loaded.
+  // take it; -1: it raised (the Python error set). The entry is _line_plans.c's shortcut_run, found through
+  // its capsule on the first shortcut: one exists only where allreduce.native._line_plans loaded.
   int run(const py::object& shortcut, const py::object& data) {
     if (shortcut.is_none()) {
       return 0;
     }
     if (run_ == nullptr) {
-      run_ = reinterpret_cast<Run>(PyCapsule_Import("allreduce.native._lines._C_API", 0));
+      run_ = reinterpret_cast<Run>(PyCapsule_Import("allreduce.native._line_plans._C_API", 0));
       if (run_ == nullptr) {
         throw py::error_already_set();
       }

@@ -1,4 +1,4 @@
-/* allreduce.native._lines: the shared-memory lines (transport/shm/lines.py) run in C, a call per run.
+/* allreduce.native._line_plans: the shared-memory lines (transport/shm/lines.py) run in C, a call per run.
  *
  * The protocol is the Python engine's, word for word (transport/shm/layout.py): a rank writes its
  * payload into line `number % 2`, then the call's sequence number, its fingerprint and frame header,
@@ -558,7 +558,7 @@ static PyMethodDef Plan_methods[] = {
 };
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Plan",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One call shape on the lines (made by Lines.plan).",
@@ -729,7 +729,7 @@ static PyObject *Shortcut_call(PyObject *s, PyObject *args, PyObject *kwargs)
 }
 
 static PyTypeObject ShortcutType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Shortcut",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "A blocking call of a known shape, claimed and run in one call (made by Plan.shortcut).",
@@ -827,7 +827,7 @@ static PyMethodDef Lines_methods[] = {
 };
 
 static PyTypeObject LinesType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Lines",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Lines",
     .tp_basicsize = sizeof(Lines),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Every rank's two lines as this process maps them.",
@@ -860,9 +860,9 @@ static PyMethodDef functions[] = {
     {NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lines", "The shared-memory lines, run in C.", -1, functions};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_line_plans", "The plans of the shared-memory lines, run in C.", -1, functions};
 
-PyMODINIT_FUNC PyInit__lines(void)
+PyMODINIT_FUNC PyInit__line_plans(void)
 {
     if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&ShortcutType) < 0
         || PyType_Ready(&ar_CallStateType) < 0)
@@ -878,11 +878,11 @@ PyMODINIT_FUNC PyInit__lines(void)
     PyObject *kinds = Py_BuildValue("{sisisisisi}", "all_reduce", ALL_REDUCE, "reduce", REDUCE, "broadcast", BROADCAST,
                                     "all_gather", ALL_GATHER, "barrier", BARRIER);
     /* the C entry of a Shortcut, for compiled callers: int (*)(PyObject *shortcut, PyObject *data) */
-    PyObject *api = PyCapsule_New((void *)shortcut_run, "allreduce.native._lines._C_API", NULL);
+    PyObject *api = PyCapsule_New((void *)shortcut_run, "allreduce.native._line_plans._C_API", NULL);
     Py_INCREF(&LinesType);
     Py_INCREF(&PlanType);
     Py_INCREF(&ar_CallStateType);
-    Misaligned = PyErr_NewException("allreduce.native._lines.Misaligned", PyExc_ValueError, NULL);
+    Misaligned = PyErr_NewException("allreduce.native._line_plans.Misaligned", PyExc_ValueError, NULL);
     Py_XINCREF(Misaligned);
     if (layout == NULL || kinds == NULL || api == NULL || Misaligned == NULL
         || PyModule_AddObject(m, "_C_API", api) < 0 || PyModule_AddObject(m, "Misaligned", Misaligned) < 0
