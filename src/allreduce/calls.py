@@ -14,7 +14,8 @@ Threads that need collectives at the same time use a group each.
 
 from __future__ import annotations
 
-from typing import Callable, ParamSpec, TypeVar, cast
+from typing import ParamSpec, TypeVar, cast
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,10 +26,9 @@ from .arguments import (
 from .buffers import as_array, flat
 from .ops import ReduceOp, check_op, finish, finish_reduction
 from .p2p import P2PWork
-from .planner import determinism
 from .refusal import refusing
 from .roster import Group, resolve_group
-from .runtime import ProcessGroup, Request
+from .runtime import ProcessGroup, Request, Shape
 from .work import Work
 
 
@@ -62,8 +62,8 @@ def all_reduce(tensor: Tensor, op: Op = ReduceOp.SUM, group: Group = None, async
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(op) is ReduceOp and not async_op and algorithm is None:
         # a shape this group ran before (checked, planned): straight to its shortcut, AVG's division after it
-        known = g.shortcuts.get((tensor.dtype, tensor.size, op))
-        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+        known = g.shortcuts.get(Shape.all_reduce(tensor.dtype, tensor.size, op))
+        if known is not None and known.run(tensor):
             if op is ReduceOp.AVG:
                 finish(op, tensor, g.size)
             return None
@@ -97,8 +97,8 @@ def broadcast(tensor: Tensor, src: int, group: Group = None, async_op: bool = Fa
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank."""
     g = resolve_group(group)
     if type(tensor) is np.ndarray and tensor.ndim == 1 and type(src) is int and not async_op and algorithm is None:
-        known = g.shortcuts.get(("broadcast", tensor.dtype, tensor.size, src))
-        if known is not None and known[0] == determinism.epoch and known[1](tensor):
+        known = g.shortcuts.get(Shape.broadcast(tensor.dtype, tensor.size, src))
+        if known is not None and known.run(tensor):
             return None
     return _broadcast(g, tensor, src, async_op, algorithm)
 
@@ -108,7 +108,8 @@ def _broadcast(g: ProcessGroup, tensor: Tensor, src: int, async_op: bool, algori
     arr = as_array(tensor)
     check_rank(src, g.size, "src")
     data = flat(arr)
-    return g.collective(Request("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm), async_op)
+    request = Request("broadcast", {"data": data}, data.size, arr.dtype, ReduceOp.SUM, src, algorithm)
+    return g.collective(request, async_op)
 
 
 @_refusing("all_gather_into_tensor", 2)
@@ -119,7 +120,8 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: G
     out, inp = as_array(output_tensor, "output_tensor"), as_array(input_tensor, "input_tensor", writable=False)
     check_same_dtype(out, inp)
     if out.size != g.size * inp.size:
-        raise ValueError(f"output_tensor has {out.size} elements; all_gather needs world size x input = {g.size * inp.size}")
+        raise ValueError(f"output_tensor has {out.size} elements; all_gather needs world size x input = "
+                         f"{g.size * inp.size}")
     return g.collective(Request("all_gather", {"data": _apart(inp, out), "out": flat(out)}, inp.size, inp.dtype,
                                 algorithm=algorithm), async_op)
 
@@ -145,7 +147,8 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: Op = ReduceOp.SUM, 
     check_same_dtype(out, inp)
     op = check_op(op, out.dtype)
     if inp.size != g.size * out.size:
-        raise ValueError(f"input has {inp.size} elements; reduce_scatter needs world size x output = {g.size * out.size}")
+        raise ValueError(f"input has {inp.size} elements; reduce_scatter needs world size x output = "
+                         f"{g.size * out.size}")
     result = flat(out)
     return g.collective(Request("reduce_scatter", {"data": _apart(inp, out), "out": result}, out.size, out.dtype, op, 0,
                                 algorithm, finish_reduction(op, result, g.size)), async_op)
@@ -220,8 +223,8 @@ def barrier(group: Group = None, async_op: bool = False) -> Work | None:
     """Return only once every rank of ``group`` has entered the barrier."""
     g = resolve_group(group)
     if not async_op:
-        known = g.shortcuts.get(_BARRIER)
-        if known is not None and known[0] == determinism.epoch and known[1](None):
+        known = g.shortcuts.get(Shape.barrier())
+        if known is not None and known.run(None):
             return None
     return g.collective(Request("barrier", {}, 0, np.dtype(np.uint8)), async_op)
 
@@ -303,10 +306,6 @@ def all_reduce_scalar(value: Number, op: Op = ReduceOp.SUM, group: Group = None)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-_BARRIER = ("barrier",)  # the barrier's key in ProcessGroup.shortcuts (a shortcut refuses memory it may not
-# write in place, and any call the group must take the general way: see ProcessGroup.shortcut)
-
 
 def _apart(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The flat input, copied where it overlaps ``out`` (the same array, a view, a slice of one buffer).

@@ -80,6 +80,12 @@ class TimedPlanned:
         self._planned = planned
         self._log = get("collective")
         self._rank = rank
+        if hasattr(planned, "shortcut"):  # a compiled plan (engines.Resumable): its shortcut's runs are logged too
+            self.shortcut = self._logged_shortcut
+
+    def _logged_shortcut(self, state, timeout: float, resume):
+        """The planned call's compiled shortcut, each call it runs logged (as ``state.issued``, its number)."""
+        return _LoggedShortcut(self._planned.shortcut(state, timeout, resume), state, self)
 
     def run(self, buffers, seq: int, *args, **kwargs):
         """Run the planned call as call ``seq``, then log it with the seconds it took."""
@@ -91,6 +97,28 @@ class TimedPlanned:
 
     def __getattr__(self, name: str):
         return getattr(self._planned, name)
+
+
+class _LoggedShortcut:
+    """A compiled shortcut whose runs are logged (a Python object: compiled callers go the general way)."""
+
+    __slots__ = ("_shortcut", "_state", "_timed")
+
+    def __init__(self, shortcut, state, timed: TimedPlanned):
+        self._shortcut, self._state, self._timed = shortcut, state, timed
+
+    def __call__(self, data) -> bool:
+        start, ran = time.perf_counter(), None
+        try:
+            ran = self._shortcut(data)
+            return ran
+        finally:
+            if ran is not False:  # it ran the call (and returned, or raised its error)
+                timed = self._timed
+                _log_call(timed._log, timed._rank, timed._planned.call, self._state.issued, start)
+
+    def retire(self) -> None:
+        self._shortcut.retire()
 
 
 def _log_call(log: logging.Logger, rank: int, call, seq: int, start: float) -> None:

@@ -10,7 +10,8 @@ that starts with a small all-reduce anyway (MPI's v- and w-collectives): every r
 from __future__ import annotations
 
 import functools
-from typing import Callable, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
+from collections.abc import Callable
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

@@ -311,7 +311,7 @@ def test_bench_end_to_end(tmp_path):
      "lines none (no shared-memory lines in this group), schedules native (compiled; every link plain TCP)"),
 ])
 def test_bench_says_which_engines_ran(env, engines):
-    if env["ALLREDUCE_ENGINE"] == "native" and native.load("lines")[0] is None:
+    if env["ALLREDUCE_ENGINE"] == "native" and native.load("line_plans")[0] is None:
         pytest.skip("the compiled engine is not built here")
     proc = subprocess.run([sys.executable, "-m", "allreduce", "bench", "-n", "2", "-b", "8", "-e", "8", "--iters", "1"],
                           env={**os.environ, "PYTHONPATH": str(SRC), **env}, capture_output=True, text=True,

@@ -86,6 +86,11 @@ dist.all_reduce(x, algorithm="ring")
 assert x.tolist() == [2.0 * i for i in range(6)]
 dist.all_reduce(x)  # a small call left to the library: the shared-memory lines, logged as well
 assert x.tolist() == [4.0 * i for i in range(6)]
+dist.all_reduce(x)  # the shape again: its shortcut (compiled where the lines are), logged as well
+assert x.tolist() == [8.0 * i for i in range(6)]
+from allreduce.runtime import Shape
+known = dist.default_group().shortcuts.get(Shape.all_reduce(x.dtype, 6, dist.ReduceOp.SUM))
+assert known is not None and (known.retire is not None) == dist.default_group().compiled
 dist.destroy_process_group()
 """
 
@@ -101,9 +106,12 @@ def test_detail_logs_rendezvous_transports_algorithms_and_each_collective_per_ra
         assert any(f"rank {rank}/2: all 2 ranks joined" in line for line in mine), mine
         assert any(f"rank {rank}/2 reaches ranks [{1 - rank}] by" in line for line in mine), mine
         assert any("all_reduce of 24 bytes (float32) runs ring" in line for line in mine), mine
-        for number, name in ((1, "ring"), (2, "lines")):
-            said = f"rank {rank}: all_reduce #{number} {name} count=6 float32 SUM root=0 digest="
-            assert any(said in line and line.endswith(" us") for line in mine), mine
+        first = f"rank {rank}: all_reduce #1 ring count=6 float32 SUM root=0 digest="
+        assert any(first in line and line.endswith(" us")
+                   for line in mine), mine
+        for seq in (2, 3):
+            assert any(f"rank {rank}: all_reduce #{seq} lines count=6 float32 SUM root=0 digest=" in line
+                       and line.endswith(" us") for line in mine), mine
     assert "hosted by this rank" in done.stderr
 
 

@@ -14,6 +14,7 @@ from support.harness import run_ranks
 from support.reference import left_fold_misses
 
 import allreduce as dist
+from allreduce.runtime import Shape
 
 pytestmark = engines.BOTH
 
@@ -103,8 +104,8 @@ def _remembered_shapes(rank: int, size: int) -> list[str]:
                     np.divide(want, size, out=want)
                 if not np.array_equal(x, want):
                     wrong.append(f"{np.dtype(dtype).name} {op.name} {count} call {call}: {x[:4]} != {want[:4]}")
-            known = dist.default_group().shortcuts.get((np.dtype(dtype), count, op))
-            kinds.add(type(known[1]).__name__ if known else "none")
+            known = dist.default_group().shortcuts.get(Shape.all_reduce(np.dtype(dtype), count, op))
+            kinds.add(type(known.run).__name__ if known else "none")
     return wrong + [f"shortcuts: {sorted(kinds)}"]
 
 
@@ -266,8 +267,8 @@ def _broadcasts_and_barriers(rank: int, size: int) -> list[str]:
                     dist.broadcast(x, src=root)
                     if not np.array_equal(x, want):
                         wrong.append(f"broadcast {np.dtype(dtype).name} {count} from {root} call {call}: {x[:4]}")
-                known = g.shortcuts.get(("broadcast", np.dtype(dtype), count, root))
-                kinds.add(type(known[1]).__name__ if known else "none")
+                known = g.shortcuts.get(Shape.broadcast(np.dtype(dtype), count, root))
+                kinds.add(type(known.run).__name__ if known else "none")
     for call in range(3):  # a barrier waits for the last rank however it is run
         if rank == size - 1:
             time.sleep(0.5)
@@ -275,8 +276,8 @@ def _broadcasts_and_barriers(rank: int, size: int) -> list[str]:
         dist.barrier()
         if rank == 0 and time.monotonic() - began < 0.4:
             wrong.append(f"barrier {call} returned before the last rank came")
-    known = g.shortcuts.get(("barrier",))
-    kinds.add(type(known[1]).__name__ if known else "none")
+    known = g.shortcuts.get(Shape.barrier())
+    kinds.add(type(known.run).__name__ if known else "none")
     return wrong + [f"shortcuts: {sorted(kinds)}"]
 
 
@@ -337,8 +338,8 @@ def _chunks_between_rounds(rank: int, size: int) -> list[str]:
             if not np.array_equal(x, sum(ins[1:], ins[0])):
                 wrong.append(f"{count} call {call}")
     for count in (big, small):
-        known = dist.default_group().shortcuts.get((np.dtype(np.float32), count, dist.ReduceOp.SUM))
-        kinds.add(type(known[1]).__name__ if known else "none")
+        known = dist.default_group().shortcuts.get(Shape.all_reduce(np.dtype(np.float32), count, dist.ReduceOp.SUM))
+        kinds.add(type(known.run).__name__ if known else "none")
     return wrong + [f"shortcuts: {sorted(kinds)}"]
 
 
@@ -353,7 +354,7 @@ def _kept_and_stale(rank: int, size: int) -> tuple[list[bool], list[float]]:
     x = np.ones(4, np.float32)
 
     def compiled():
-        return g.compiled_shortcut("all_reduce", x.dtype, x.size, dist.ReduceOp.SUM)
+        return g.shortcuts.compiled(Shape.all_reduce(x.dtype, x.size, dist.ReduceOp.SUM))
 
     dist.all_reduce(x, group=g)  # 2: the shape is remembered
     kept = compiled()

@@ -14,7 +14,7 @@ import pytest
 from allreduce import dtypes
 from allreduce.transport.shm import layout
 
-_lines = pytest.importorskip("allreduce.native._lines", reason="the compiled engine is not built")
+_line_plans = pytest.importorskip("allreduce.native._line_plans", reason="the compiled engine is not built")
 
 ROUNDS = int(os.environ.get("LINES_FUZZ_ROUNDS", "5000"))
 CAPACITY = 256  # payload bytes of a line: small, so random counts often fit, and often do not
@@ -31,16 +31,16 @@ def _fuzz(rounds: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     area = layout.lines_size(CAPACITY)
     codes = list(range(-1, len(dtypes.SUPPORTED) + 3))  # with unknown ones
-    planned = [dtypes.code_of(d) for d in dtypes.SUPPORTED if _lines.itemsize(dtypes.code_of(d)) == d.itemsize]
+    planned = [dtypes.code_of(d) for d in dtypes.SUPPORTED if _line_plans.itemsize(dtypes.code_of(d)) == d.itemsize]
     for _ in range(rounds):
         size = int(rng.integers(1, 5))
         memory = _aligned(area * size)
         peers = memory[area:]
         peers[:] = rng.integers(0, 256, peers.size, dtype=np.uint8)
         words = peers.view(np.int64)
-        lines = _lines.Lines(0, tuple(memory.ctypes.data + r * area for r in range(size)), layout.line_size(CAPACITY),
-                             CAPACITY, 1e-6, 1e-5, float(rng.choice([0.0, 1e-4, 10.0])), 1e-6, 1e-4,
-                             bool(rng.integers(2)))
+        bases = tuple(memory.ctypes.data + r * area for r in range(size))
+        lines = _line_plans.Lines(0, bases, layout.line_size(CAPACITY), CAPACITY, 1e-6, 1e-5,
+                                  float(rng.choice([0.0, 1e-4, 10.0])), 1e-6, 1e-4, bool(rng.integers(2)))
         wild = rng.integers(10) == 0  # now and then arguments out of range, which plan() must refuse
         kind = int(rng.integers(-1, 6) if wild else rng.integers(0, 5))
         code = int(rng.choice(codes) if wild else rng.choice(planned))
@@ -69,9 +69,9 @@ def _fuzz(rounds: int, seed: int) -> None:
         out = _aligned(max(nbytes, 0) * size) if rng.integers(2) else None
         try:
             state = plan.run(number, call, data, out, 2e-4, 1e-4)
-            while state == _lines.WAITING and rng.integers(2):
+            while state == _line_plans.WAITING and rng.integers(2):
                 state = plan.resume(data, out, 1e-4)
-            assert state in (_lines.DONE, _lines.WAITING, _lines.MISMATCH)
+            assert state in (_line_plans.DONE, _line_plans.WAITING, _line_plans.MISMATCH)
         except (ValueError, BufferError, TypeError):
             pass
         lines.close()

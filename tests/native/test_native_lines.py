@@ -20,15 +20,15 @@ from allreduce.settings import Settings
 from allreduce.transport import shm
 from allreduce.transport.shm import layout
 
-_lines = pytest.importorskip("allreduce.native._lines", reason="the compiled engine is not built")
+_line_plans = pytest.importorskip("allreduce.native._line_plans", reason="the compiled engine is not built")
 pytestmark = pytest.mark.skipif(not shm.available(), reason="shared-memory transport needs Linux x86-64")
 
 
 def test_the_layout_is_the_python_engines():
-    for name, value in _lines.LAYOUT.items():
+    for name, value in _line_plans.LAYOUT.items():
         assert getattr(layout, name) == value, name
     from allreduce import wire
-    assert _lines.HEADER_SIZE == wire.HEADER_SIZE
+    assert _line_plans.HEADER_SIZE == wire.HEADER_SIZE
 
 
 def _mixed(rank: int, size: int) -> list[str]:
@@ -78,7 +78,7 @@ def test_auto_runs_the_compiled_lines_and_python_when_asked(monkeypatch):
 
 
 def test_native_without_the_build_is_an_error_naming_why(monkeypatch):
-    monkeypatch.setattr(native, "load", lambda name: (None, "not built (No module named '_lines')"))
+    monkeypatch.setattr(native, "load", lambda name: (None, "not built (No module named '_line_plans')"))
     with pytest.raises(ImportError, match="ALLREDUCE_ENGINE=native.*not built"):
         choice.lines_engine(None, Settings(engine="native"))
     assert choice.lines_engine(None, Settings(engine="auto"))[0] is None

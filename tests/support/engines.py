@@ -23,7 +23,7 @@ def only(*names: str):
 
 def _missing() -> str | None:
     """Why the compiled engine cannot run here, or ``None``."""
-    module, why = native.load("lines")
+    module, why = native.load("line_plans")
     return None if module is not None else f"the compiled engine is {why}"
 
 

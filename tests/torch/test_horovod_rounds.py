@@ -21,6 +21,7 @@ from support.hvd_harness import run_hvd
 import allreduce
 import allreduce.torch as hvd
 from allreduce import Mismatch
+from allreduce.runtime import Shape
 
 SIZES = (2, 3)
 COUNTS = (0, 1, 2, 7, 13, 20_011)  # 20,011 float32 pass the at-once limit: those sums run in the background
@@ -78,8 +79,8 @@ def test_alike_rounds_gather_nothing_and_small_sums_ride_the_shortcut(size):
             handle = hvd.allreduce_async_(x.clone(), op=op, name="async")
             results.append(hvd.synchronize(handle))
         group = allreduce.default_group()
-        shortcuts = [(np.dtype("float32"), 7, allreduce.ReduceOp.SUM) in group.shortcuts,
-                     (np.dtype("uint64"), 4, allreduce.ReduceOp.BAND) in group.shortcuts]
+        shortcuts = [Shape.all_reduce(np.dtype("float32"), 7, allreduce.ReduceOp.SUM) in group.shortcuts,
+                     Shape.all_reduce(np.dtype("uint64"), 4, allreduce.ReduceOp.BAND) in group.shortcuts]
         return results, gathers.take(), shortcuts
 
     for results, gathered, shortcuts in run_hvd(fn, size):

@@ -76,7 +76,7 @@ def engine(env: dict[str, str]) -> str:
     ``ALLREDUCE_ENGINE`` allows it and it was built (schedules over plain TCP links; TLS and shared
     memory schedules run in Python)."""
     try:
-        module, why = native.chosen("lines", Settings.from_env(env))
+        module, why = native.chosen("line_plans", Settings.from_env(env))
     except (ImportError, ValueError) as exc:
         return f"none: {exc}"
     if module is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
@@ -10,6 +11,8 @@ from .. import collectives, wire
 from ..dtypes import code_of
 from ..errors import AllreduceError, CommTimeout, Interrupted
 from ..ops import ReduceOp
+
+Idle = Callable[[], None] | None  # what a run calls every idle_every seconds without progress (it may raise)
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Call:
     root: int = 0  # root rank (0 where the collective has none)
     digest: int = 0  # wire.algorithm_digest of the algorithm and options: ranks whose schedules differ disagree here
 
-    def headers(self, seq: int):
+    def headers(self, seq: int) -> Callable[[int, int], wire.Header]:
         """A function ``(step, nbytes) -> Header`` for the frames of run ``seq`` of this call."""
         kind, collective = wire.DATA, collectives.get(self.collective).code
         dtype, op, root, count, make = code_of(self.dtype), int(self.op), self.root, self.count, wire.Header

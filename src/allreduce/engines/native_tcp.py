@@ -21,15 +21,17 @@ from __future__ import annotations
 import os
 import struct
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from .. import algorithms, wire
 from ..algorithms.schedule import Region, Schedule
 from ..ops import kernel
+from ..transport import Transport
 from ..transport.tcp import TcpTransport
 from ..transport.tcp.wording import aborted, lost, stalled, unexpected
-from .call import Call, reworded
+from .call import Call, Idle, reworded
 from .schedules import Scratch, schedule_for, steps_of
 
 _BUFFERS = ("data", "out", "tmp")  # the first entries of a run's buffer table; the staging buffers follow
@@ -47,7 +49,7 @@ class NativeTcpEngine:
         # Spin briefly before sleeping in poll only where every rank of this host can have a core.
         self.spin = SPIN_S if transport.size <= len(os.sched_getaffinity(0)) else 0.0
 
-    def plan(self, entry: algorithms.Algorithm, call: Call, options: dict) -> "NativeScheduled":
+    def plan(self, entry: algorithms.Algorithm, call: Call, options: dict[str, Any]) -> NativeScheduled:
         """``call`` as ``entry``'s schedule for this rank, compiled into a program of byte spans."""
         schedule = schedule_for(entry, call, self.transport.rank, self.transport.size, options)
         return NativeScheduled(self, call, schedule)
@@ -71,7 +73,8 @@ class NativeScheduled:
                                         call.dtype.itemsize, int(call.op), template[5], self._fold, engine.spin)
         self._grown = -1  # the scratch's growth count when the plan was last bound to it
 
-    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle = None,
+            idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         scratch = self.engine.scratch
         if self._grown != scratch.grown:  # another call shape grew it: take the new buffers
@@ -88,7 +91,7 @@ class NativeScheduled:
         self.ufunc(a.view(np.uint8)[a_at:a_at + nbytes].view(dtype), b.view(np.uint8)[b_at:b_at + nbytes].view(dtype),
                    out=out.view(np.uint8)[out_at:out_at + nbytes].view(dtype))
 
-    def _failure(self, why: tuple, seq: int, timeout: float) -> BaseException:
+    def _failure(self, why: tuple[Any, ...], seq: int, timeout: float) -> BaseException:
         """The error of a failed run (see the module docstring); the half-sent frames go back to the transport."""
         status, step, peer, detail, half_sent = why
         module, transport = self.engine.module, self.engine.transport
@@ -111,7 +114,7 @@ class NativeScheduled:
         return error
 
 
-def _compiled(steps: tuple, itemsize: int, ring: int) -> tuple[bytes, list[int]]:
+def _compiled(steps: tuple[Any, ...], itemsize: int, ring: int) -> tuple[bytes, list[int]]:
     """The program ``_tcp.Plan`` reads (int64s: steps, each its index and counts, then its copies, sends
     and receives as buffer indices and byte spans) and the bytes each staging buffer needs: a receive
     folded as it arrives goes through a ring of at most ``ring`` bytes, one folded after its step
@@ -142,7 +145,7 @@ def _compiled(steps: tuple, itemsize: int, ring: int) -> tuple[bytes, list[int]]
     return struct.pack(f"<{len(words)}q", *words), stages
 
 
-def engine_for(transport, module: ModuleType | None) -> NativeTcpEngine | None:
+def engine_for(transport: Transport, module: ModuleType | None) -> NativeTcpEngine | None:
     """The compiled engine for ``transport`` where ``module`` (``native._tcp``) loaded and every link of
     the transport is a plain TCP socket, else ``None`` (the Python engine runs the group)."""
     if module is None or type(transport) is not TcpTransport:

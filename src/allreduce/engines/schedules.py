@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,7 +28,7 @@ from .. import algorithms, collectives
 from ..algorithms.schedule import Copy, Recv, Region, Schedule, Send
 from ..ops import kernel
 from ..transport import RecvSpec, SendSpec, Transport
-from .call import Call, reworded
+from .call import Call, Idle, reworded
 
 _REDUCE_BLOCK = 1 << 16  # bytes reduced at a time while a segment is still arriving
 
@@ -38,21 +40,21 @@ class ScheduleEngine:
         self.transport = transport
         self.scratch = Scratch()
 
-    def plan(self, entry: algorithms.Algorithm, call: Call, options: dict) -> "Scheduled":
+    def plan(self, entry: algorithms.Algorithm, call: Call, options: dict[str, Any]) -> Scheduled:
         """``call`` as ``entry``'s schedule for this rank, its steps worked out (see :func:`steps_of`)."""
         return Scheduled(self, call, schedule_for(entry, call, self.transport.rank, self.transport.size, options))
 
     def close(self) -> None:
         """Nothing to drop: schedules hold no view of the transport."""
 
-    def execute(self, planned: "Scheduled", buffers: dict[str, np.ndarray], seq: int, timeout: float,
-                idle=None, idle_every: float = 1.0) -> None:
+    def execute(self, planned: Scheduled, buffers: dict[str, np.ndarray], seq: int, timeout: float,
+                idle: Idle = None, idle_every: float = 1.0) -> None:
         """Run ``planned`` as call ``seq`` on the flat arrays in ``buffers`` (``data``, ``out``); ``tmp`` is
         provided here. See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         call, schedule = planned.call, planned.schedule
         deadline = time.monotonic() + timeout
         arrays = dict(buffers, tmp=self.scratch.tmp(schedule.tmp * call.dtype.itemsize).view(call.dtype))
-        raw = {name: memoryview(a.view(np.uint8)) for name, a in arrays.items()}
+        raw = {name: a.view(np.uint8).data for name, a in arrays.items()}
         itemsize = call.dtype.itemsize
         ufunc = planned.ufunc
         header = call.headers(seq)
@@ -95,7 +97,7 @@ class Scratch:
     """An engine's scratch (``tmp``) and staging memory, kept between calls: it only grows, so that a
     steady stream of collectives allocates nothing. ``grown`` counts the times it did."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tmp = np.empty(0, np.uint8)
         self._staging: list[np.ndarray] = []
         self.grown = 0
@@ -120,9 +122,9 @@ class _Reducer:
 
     __slots__ = ("ufunc", "acc", "out", "stage", "dest", "done", "itemsize", "count")
 
-    def __init__(self, ufunc, acc: np.ndarray, out: np.ndarray, stage: np.ndarray):
+    def __init__(self, ufunc: Callable[..., np.ndarray], acc: np.ndarray, out: np.ndarray, stage: np.ndarray):
         self.ufunc, self.acc, self.out, self.stage = ufunc, acc, out, stage
-        self.dest = memoryview(stage.view(np.uint8))
+        self.dest = stage.view(np.uint8).data
         self.done = 0
         self.itemsize = stage.itemsize
         self.count = stage.size
@@ -152,12 +154,13 @@ class Scheduled:
         self.steps = steps_of(schedule)
         self.ufunc = kernel(call.op, call.dtype)
 
-    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None, idle_every: float = 1.0) -> None:
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle = None,
+            idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         self.engine.execute(self, buffers, seq, timeout, idle, idle_every)
 
 
-def schedule_for(entry: algorithms.Algorithm, call: Call, rank: int, size: int, options: dict) -> Schedule:
+def schedule_for(entry: algorithms.Algorithm, call: Call, rank: int, size: int, options: dict[str, Any]) -> Schedule:
     """This rank's schedule of ``call`` by ``entry`` with the group's ``options``: the algorithm's own, or
     for a collective whose root only sends, the confirmed one (see :func:`_confirmed`)."""
     if collectives.get(call.collective).root_sends_only and size > 1:
@@ -165,7 +168,7 @@ def schedule_for(entry: algorithms.Algorithm, call: Call, rank: int, size: int, 
     return entry(rank, size, call.count, root=call.root, **options)
 
 
-def steps_of(schedule: Schedule) -> tuple:
+def steps_of(schedule: Schedule) -> tuple[Any, ...]:
     """The schedule's non-empty steps as ``(index, copies, sends, receives)`` tuples, worked out once per planned call.
 
     A receive is ``(peer, dst, reduce, later)``: ``later`` marks a second reduce into a region another
@@ -178,7 +181,8 @@ def steps_of(schedule: Schedule) -> tuple:
             continue
         copies = tuple((op.src, op.dst, op.reduce) for op in step if isinstance(op, Copy))
         sends = tuple((op.peer, op.src) for op in step if isinstance(op, Send))
-        recvs, reducing = [], []
+        recvs: list[tuple[int, Region, Any, bool]] = []
+        reducing: list[Region] = []
         for op in step:
             if isinstance(op, Recv):
                 later = op.reduce is not None and any(op.dst.overlaps(other) for other in reducing)
@@ -190,7 +194,7 @@ def steps_of(schedule: Schedule) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, root: int, **options) -> Schedule:
+def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, root: int, **options: Any) -> Schedule:
     """The algorithm's schedule plus a last step: an empty frame from the rank after ``root`` to ``root``.
 
     Its header carries the sender's fingerprint, so a root whose src, collective, count or dtype
@@ -198,6 +202,7 @@ def _confirmed(entry: algorithms.Algorithm, rank: int, size: int, count: int, ro
     """
     schedule = entry(rank, size, count, root=root, **options)
     nothing = Region("tmp", 0, 0)
+    last: tuple[Recv | Send, ...]
     if rank == root:
         last = (Recv((root + 1) % size, nothing),)
     elif rank == (root + 1) % size:

@@ -3,7 +3,7 @@
  * engines/native_tcp.py compiles a schedule into a flat program (each step's copies, sends and
  * receives as buffer indices and byte spans) and builds a Plan from it once per call shape; every
  * run then walks the steps (tcpsteps.c). The frames are byte for byte those of the Python engine
- * (engines/schedules.py over transport/tcp.py), so ranks of either engine form one group.
+ * (engines/schedules.py over transport/tcp/), so ranks of either engine form one group.
  *
  * The program is checked value by value when the Plan is made, and every run checks that its
  * buffers hold every span (and that what is written is writable) before anything moves. Nothing is

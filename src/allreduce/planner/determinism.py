@@ -12,6 +12,8 @@ The switch is process-wide, as torch's ``use_deterministic_algorithms``: set by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..ops import ReduceOp
@@ -21,6 +23,7 @@ ORDER_SENSITIVE = frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT})  # o
 
 _chosen: bool | None = None  # set by use_deterministic_algorithms; None: as the environment says
 epoch = 0  # how many times it was set: a plan remembered under an older epoch may be the other mode's
+_switched: list[Callable[[], None]] = []  # told of every switch (the groups, which retire their shortcuts)
 
 
 def use_deterministic_algorithms(mode: bool) -> None:
@@ -28,6 +31,13 @@ def use_deterministic_algorithms(mode: bool) -> None:
     global _chosen, epoch
     _chosen = bool(mode)
     epoch += 1
+    for told in _switched:
+        told()
+
+
+def on_switch(told: Callable[[], None]) -> None:
+    """Call ``told()`` after every switch of the mode (from the thread that switched it)."""
+    _switched.append(told)
 
 
 def enabled(settings: Settings) -> bool:

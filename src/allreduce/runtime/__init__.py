@@ -2,5 +2,6 @@
 
 from .group import ProcessGroup
 from .request import Request
+from .shortcuts import Shape
 
-__all__ = ["ProcessGroup", "Request"]
+__all__ = ["ProcessGroup", "Request", "Shape"]

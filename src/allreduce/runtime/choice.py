@@ -31,7 +31,7 @@ def lines_engine(lines, settings: Settings) -> tuple[Engine | None, str]:
     Raises:
         ImportError: ``ALLREDUCE_ENGINE=native`` and the compiled engine is missing (naming why).
     """
-    module, why = native.chosen("lines", settings)
+    module, why = native.chosen("line_plans", settings)
     if lines is None:
         return None, "none (no shared-memory lines in this group)"
     if module is None:

@@ -13,41 +13,34 @@ from __future__ import annotations
 
 import threading
 
+from ..engines.callstate import CallStateLike
+
 
 class Claims:
-    """The issuing thread of one group, whose calls are in flight while ``queue`` runs or holds any
-    (see the module docstring)."""
+    """The issuing thread of one group (``calls.issuer``), whose calls are in flight while the group is
+    busy or holds queued ones (see the module docstring). ``calls`` is the group's call state
+    (:mod:`..engines.callstate`): a call claimed is run or queued before the lock is let go."""
 
-    def __init__(self, rank: int, size: int, name: str, queue):
-        self.issuer: int | None = None  # the thread whose calls are in flight; no other may issue meanwhile
-        self._queue = queue  # a call claimed is run or queued before the lock is let go: in flight = not idle
-        self.conflict: RuntimeError | None = None  # set when two threads issued at once: the calls in flight fail
-        self.progress: int | None = None  # the group's progress thread, which runs Work callbacks
+    def __init__(self, rank: int, size: int, name: str, calls: CallStateLike):
+        self._calls = calls
         self._who = f"rank {rank}/{size}"
         self._name = name
 
     def claim(self, collective: str, me: int) -> None:
         """Let thread ``me`` issue a call, or raise ``RuntimeError`` (see the module docstring)."""
-        if me == self.progress:
+        calls = self._calls
+        if me == calls.progress:
             raise self._wrong_thread(collective, "from a Work callback, which runs on the group's progress "
                                      "thread: a blocking call there would wait for itself. Issue it once the "
                                      "work is done, from the thread that issued it")
-        if (self._queue.busy or self._queue.jobs) and self.issuer != me:
-            other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == self.issuer), "another")
-            self.conflict = self._wrong_thread(
+        if (calls.busy or calls.queued) and calls.issuer != me:
+            other = next((f"'{t.name}'" for t in threading.enumerate() if t.ident == calls.issuer), "another")
+            calls.conflict = self._wrong_thread(
                 collective, f"from thread '{threading.current_thread().name}' while thread {other} has calls in "
                 "flight on it: calls from two threads at once pair up in different orders on different ranks. "
                 "Use a group from one thread at a time, or give each thread its own group (new_group())")
-            raise self.conflict
-        self.issuer = me
-
-    def idle_claim(self, me: int) -> bool:
-        """Claim an idle group for thread ``me`` and mark it busy (the call then runs inline), or ``False``
-        where :meth:`claim` must decide: calls are in flight, or ``me`` is the progress thread."""
-        if me == self.progress or not self._queue.inline(False):
-            return False
-        self.issuer = me
-        return True
+            raise calls.conflict
+        calls.issuer = me
 
     def _wrong_thread(self, collective: str, why: str) -> RuntimeError:
         return RuntimeError(f"{self._who}: {collective} on process group '{self._name}' {why}")

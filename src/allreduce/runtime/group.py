@@ -3,9 +3,13 @@
 Every call takes one path: it is claimed for its thread (:mod:`.claims`), refused if the group
 cannot run it (:mod:`.life`), numbered, planned once per shape (:mod:`.choice`: the algorithm, and
 the engine that runs it), then run inline or on the progress thread (:mod:`.queue`), with a
-heartbeat that names the ranks that did not arrive (:mod:`.health`). Point-to-point messages do not
-use the queue: the group's engine (:mod:`..p2p`) matches them by source and tag on links of its
-own, so a receive posted before its send never waits behind it (see :meth:`ProcessGroup.point_to_point`).
+heartbeat that names the ranks that did not arrive (:mod:`.health`). What a call passes through
+(usable, claimed, numbered, begun, freed) is one object, the group's call state
+(:mod:`..engines.callstate`), which those parts read and write and a compiled shortcut drives directly;
+a blocking call of a shape run before goes straight to its shortcut (:mod:`.shortcuts`).
+Point-to-point messages do not use the queue: the group's messenger (:mod:`..p2p`) matches them by
+source and tag on links of its own, so a receive posted before its send never waits behind it (see
+:meth:`ProcessGroup.point_to_point`).
 
 Mismatched calls are caught by the fingerprint in every frame header (see :mod:`..wire`) and line,
 or, where ranks wait on each other without a frame, by comparing the fingerprints they publish
@@ -25,6 +29,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from typing import Any, cast
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,8 +38,10 @@ from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Messenger, P2PWork
 from ..algorithms.lines import LineLimits
-from ..engines.native_lines import NativeLinesEngine, NativePlan
+from ..engines import Call, Planned, Resumable
+from ..engines.callstate import call_state, compiled
 from ..planner import determinism
+from ..rendezvous.store import Store
 from ..settings import Settings
 from ..topology import Topology, from_host_ids
 from ..transport import Transport
@@ -45,42 +53,10 @@ from .health import Health
 from .life import Life, State
 from .queue import Job, WorkQueue
 from .request import Request
+from .shortcuts import Shape, Shortcuts
 
 
-_groups: weakref.WeakSet = weakref.WeakSet()  # this process's groups, disowned in a fork() child
-
-
-def _shortcut_key(request: Request) -> tuple | None:
-    """The key under which :attr:`ProcessGroup.shortcuts` keeps ``request``'s shape, or ``None`` for a
-    call that has none (only automatic calls whose buffers are the caller's one array, or none, have one,
-    and nothing after them but an AVG all-reduce's division, which the shortcut's caller makes)."""
-    averaged = request.collective == "all_reduce" and request.op is ReduceOp.AVG
-    if request.algorithm is not None or (request.after is not None and not averaged):
-        return None
-    return shortcut_key(request.collective, request.dtype, request.count, request.op, request.root)
-
-
-def shortcut_key(collective: str, dtype: np.dtype, count: int, op: ReduceOp, root: int) -> tuple | None:
-    """The key of an automatic call's shape in :attr:`ProcessGroup.shortcuts` (``None``: a collective without)."""
-    if collective == "all_reduce":
-        return dtype, count, op
-    if collective == "broadcast":
-        return "broadcast", dtype, count, root
-    if collective == "barrier":
-        return ("barrier",)
-    return None
-
-
-def _retire(known: tuple) -> None:
-    """Make a dropped entry of :attr:`ProcessGroup.shortcuts` refuse its calls, where a compiled caller
-    may still hold its shortcut (see :meth:`ProcessGroup.compiled_shortcut`)."""
-    if isinstance(known[2], NativePlan):
-        known[1].retire()
-
-
-def _buffers(data: np.ndarray | None) -> dict:
-    """A shortcut's buffers: the one array, or none (a barrier)."""
-    return {} if data is None else {"data": data}
+_groups: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()  # this process's groups, disowned in a fork() child
 
 
 def _disown_in_child() -> None:
@@ -88,7 +64,14 @@ def _disown_in_child() -> None:
         group.disown()
 
 
+def _retire_every_shortcut() -> None:
+    """The determinism mode switched: a remembered shortcut may run the other mode's plan."""
+    for group in list(_groups):
+        group.shortcuts.retire_all()
+
+
 os.register_at_fork(after_in_child=_disown_in_child)
+determinism.on_switch(_retire_every_shortcut)
 
 
 class ProcessGroup:
@@ -97,7 +80,7 @@ class ProcessGroup:
     ``ranks`` are the members' ranks in the world group (for messages and ``get_global_rank``).
     """
 
-    def __init__(self, store, rank: int, size: int, transport: Transport, timeout: float,
+    def __init__(self, store: Store, rank: int, size: int, transport: Transport, timeout: float,
                  name: str = "default", ranks: list[int] | None = None, topology: Topology | None = None,
                  intra: str = "tcp", settings: Settings | None = None, p2p: Messenger | None = None,
                  shm_options: ShmOptions | None = None):
@@ -116,24 +99,23 @@ class ProcessGroup:
         lines = transport.lines if not self.settings.timeline else None
         on_lines, self.engine = lines_engine(lines, self.settings)  # the engine that runs the lines, and why
         schedules, self.schedules_engine = schedule_engine(transport, self.settings)  # likewise for the schedules
-        self._choice = Choice(name, self.topology, intra, self.settings, schedules,
-                              on_lines,
-                              LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None, self.ranks[rank])
+        limits = LineLimits(lines.at_once, lines.chunked_max, lines.capacity) if lines is not None else None
+        self._choice = Choice(name, self.topology, intra, self.settings, schedules, on_lines, limits, self.ranks[rank])
         self._lock = threading.RLock()  # guards the life, claims, queue and numbering (the hot path takes it bare)
         self._cv = threading.Condition(self._lock)
-        self._life = Life(rank, size, name)
-        self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}")
-        self._claims = Claims(rank, size, name, self._queue)
-        self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name)
-        # (dtype, count, op) for an all-reduce, ("broadcast", dtype, count, root), ("barrier",) ->
-        # (determinism.epoch, shortcut, planned): blocking calls of a shape already run, which calls.py
-        # hands straight to ``shortcut(array)`` (see :meth:`shortcut`)
-        self.shortcuts: dict[tuple, tuple] = {}
-        self.compiled = isinstance(on_lines, NativeLinesEngine)  # whether they are compiled (compiled_shortcut)
+        self._calls = call_state(self.settings, self._lock.acquire, self._lock.release)  # the state calls pass through
+        self._life = Life(rank, size, name, self._calls)
+        self._queue = WorkQueue(self._lock, self._cv, self._execute, self._life.stopping, name, f"rank {rank}/{size}",
+                                self._calls)
+        self._claims = Claims(rank, size, name, self._calls)
+        self._health = Health(store, rank, size, min(1.0, timeout / 5), self._life.stopping, name, self._calls)
+        # blocking calls of a shape already run, which calls.py hands straight to their shortcut
+        self.shortcuts = Shortcuts(self._calls, self._lock, self._queue, timeout)
+        self.compiled = on_lines is not None and compiled(self._calls)  # whether its shortcuts may be compiled
         self._threads = [self._queue.thread, self._health.thread]
         for thread in self._threads:
             thread.start()
-        self._claims.progress = self._queue.thread.ident
+        self._calls.progress = self._queue.thread.ident or 0  # (started: it has one)
         self.p2p = p2p  # point-to-point messages: their own links and thread (see point_to_point)
         if p2p is not None:
             p2p.on_failure = self.p2p_failed
@@ -179,47 +161,33 @@ class ProcessGroup:
         callback, :class:`GroupBroken` on a broken or destroyed group, ``ValueError`` for an unknown
         algorithm (all before anything is sent).
         """
-        if not self._life.usable:  # read unlocked: a fork child must not take a lock its parent may have held
+        if not self._calls.usable:  # read unlocked: a fork child must not take a lock its parent may have held
             self._life.check_owner()
         with self._lock:
             self._claims.claim(request.collective, threading.get_ident())
-            if not self._life.usable:
+            if not self._calls.usable:
                 raise self._life.refusal()
+            epoch = determinism.epoch
             planned = self._choice.planned(request.collective, request.algorithm, request.count, request.dtype,
                                            request.op, request.root)
-            key = _shortcut_key(request)
+            key = Shape.of(request)
             if key is not None:
-                self._remember(key, planned)
-            self._queue.issued += 1
-            seq = self._queue.issued
+                self.shortcuts.remember(key, planned, epoch)
+            seq = self._calls.number()
             if self._queue.inline(async_op):
                 job = None
             else:
                 job = Job(seq, planned, request.buffers, request.after)
                 self._queue.put(job)
         if job is None:
-            return self._queue.run_inline(seq, planned, request.buffers, request.after)
+            self._queue.run_inline(seq, planned, request.buffers, request.after)
+            return None
         return self._queue.handed_off(job, async_op)
-
-    def run_planned(self, planned, buffers: dict) -> bool:
-        """:meth:`collective` for a blocking call whose planned call the caller already holds (a shape
-        from :attr:`shortcuts`): the same claim, numbering, run and failure handling, without building
-        a request or looking the plan up. ``False``, with nothing done, where the call must take the
-        general path instead (the group is busy, broken or destroyed, or this is a Work callback)."""
-        if not self._life.usable:
-            return False
-        with self._lock:
-            if not self._life.usable or not self._claims.idle_claim(threading.get_ident()):
-                return False
-            self._queue.issued += 1
-            seq = self._queue.issued
-        self._queue.run_inline(seq, planned, buffers, None)
-        return True
 
     @property
     def issued(self) -> int:
         """How many collectives this rank has issued on the group (the next is number ``issued + 1``)."""
-        return self._queue.issued
+        return self._calls.issued
 
     def refused(self, collective: str, reason: str, issued: int) -> None:
         """This rank refused its arguments to ``collective`` before issuing it: tell the peers, so that one
@@ -228,52 +196,11 @@ class ProcessGroup:
         stays usable. ``issued``: :attr:`issued` before the call began; if a call was issued since, the
         refusal is not of the call the peers wait in, and nothing is told."""
         with self._lock:
-            if issued != self._queue.issued or not self._life.usable:
+            if issued != self._calls.issued or not self._calls.usable:
                 return
             seq = issued + 1
-            for known in self.shortcuts.values():  # the next call takes the general path, which says at once
-                _retire(known)  # that it began
-            self.shortcuts.clear()
+            self.shortcuts.retire_all()  # the next call takes the general path, which says at once that it began
         self._health.refused(seq, f"{collective}: {reason}")
-
-    def _remember(self, key: tuple, planned) -> None:
-        """Keep the shortcut of a call's shape under ``key`` (with the lock held; see :meth:`shortcut`)."""
-        known = self.shortcuts.get(key)
-        if known is None or known[2] is not planned or known[0] != determinism.epoch:
-            if known is not None:
-                _retire(known)
-            self.shortcuts[key] = (determinism.epoch, self.shortcut(planned), planned)
-
-    def compiled_shortcut(self, collective: str, dtype: np.dtype | None = None, count: int = 0,
-                          op: ReduceOp = ReduceOp.SUM, root: int = 0):
-        """The compiled shortcut (``_lines.c``'s Shortcut) of a blocking automatic call of this shape, where
-        the group keeps one now, else ``None``: for compiled callers that keep it (the torch backend's
-        shim calls it through ``_lines``' ``_C_API``). It answers ``False`` once stale (the group retired
-        it, or the determinism mode changed), so the caller goes the general way and asks again."""
-        known = self.shortcuts.get(shortcut_key(collective, dtype, count, op, root))
-        if known is None or known[0] != determinism.epoch or not isinstance(known[2], NativePlan) or op is ReduceOp.AVG:
-            return None  # (an AVG all-reduce's shortcut leaves its division to calls.py)
-        return known[1]
-
-    def shortcut(self, planned):
-        """``shortcut(array) -> bool``: :meth:`run_planned` of ``planned`` on the buffers ``{"data": array}``
-        (``{}`` for ``None``: a barrier), with its guarantees (``False``, nothing done, where the general path
-        must take the call, or ``array`` is not C-contiguous and writable). A plan of the compiled lines gets one in C
-        (:meth:`.engines.native_lines.NativePlan.shortcut`), which claims, numbers and runs the call in one
-        call and leaves any ending but the plain one to :meth:`.queue.WorkQueue.run_inline`."""
-        if isinstance(planned, NativePlan):
-            def resume(seq: int, data: np.ndarray | None, outcome) -> None:
-                self._queue.run_inline(seq, planned, _buffers(data), None, outcome)
-
-            return planned.shortcut(self.timeout, self._lock, self._queue, self._claims, self._life, self._health,
-                                    resume, determinism)
-
-        def run(data: np.ndarray | None) -> bool:
-            if data is not None and not (data.flags.c_contiguous and data.flags.writeable):
-                return False
-            return self.run_planned(planned, _buffers(data))
-
-        return run
 
     def algorithm_for(self, collective: str, algorithm: str | None, nbytes: int, dtype: np.dtype,
                       in_rank_order: bool = False) -> str:
@@ -302,6 +229,7 @@ class ProcessGroup:
             raise RuntimeError(f"rank {self.rank}/{self.size}: process group '{self.name}' was formed without "
                                "point-to-point links")
         if sending:
+            assert buffer is not None and peer is not None and tag is not None  # a send names all three
             return self.p2p.isend(buffer, peer, tag)
         return self.p2p.irecv(buffer, peer, tag, exact)
 
@@ -317,7 +245,8 @@ class ProcessGroup:
         still call :func:`allreduce.failed_ranks`, :func:`allreduce.agree`, :func:`allreduce.shrink_group`
         and destroy it. Needs the members' lifelines (groups of :func:`allreduce.init_process_group`)."""
         self._life.check_owner()
-        error = Revoked(f"rank {self.rank}/{self.size}: process group '{self.name}' was revoked by its rank {self.rank}")
+        error = Revoked(f"rank {self.rank}/{self.size}: process group '{self.name}' was revoked by its "
+                        f"rank {self.rank}")
         self.revoked(error)
         if self.membership is not None:
             self.membership.revoke(str(error))
@@ -349,7 +278,8 @@ class ProcessGroup:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _execute(self, seq: int, planned, buffers: dict, after, begun=None) -> None:
+    def _execute(self, seq: int, planned: Planned, buffers: dict[str, np.ndarray], after: Callable[[], None] | None,
+                 begun: Any = None) -> None:
         """Run call ``seq`` on its engine (inline or on the progress thread), then what follows it; or go on
         with a run a compiled shortcut ``begun`` (claimed, numbered and recorded as started already)."""
         call = planned.call
@@ -361,19 +291,21 @@ class ProcessGroup:
             if begun is None:
                 planned.run(buffers, seq, self.timeout, self._health.inspect, self._health.interval)
             else:
-                planned.resume(begun, buffers, seq, self.timeout, self._health.inspect, self._health.interval)
+                resumed = cast(Resumable, planned)  # only a compiled plan's shortcut begins a run
+                resumed.resume(begun, buffers, seq, self.timeout, self._health.inspect, self._health.interval)
         except Interrupted as exc:
             self._fail(exc, seq, call)
+            assert exc.__cause__ is not None  # Interrupted is always raised from the caller's exception
             raise exc.__cause__ from None  # the caller's own exception, as it was raised
         except AllreduceError as exc:
             raise self._fail(exc, seq, call) from exc
-        if self._claims.conflict is not None:  # another thread issued while this ran: its pairing cannot be trusted
+        if self._calls.conflict is not None:  # another thread issued while this ran: its pairing cannot be trusted
             raise self._fail(Mismatch(f"{call.collective} #{seq} overlapped a call from another thread: "
-                                      f"{self._claims.conflict}"), seq, call)
+                                      f"{self._calls.conflict}"), seq, call)
         if after is not None:
             after()
 
-    def _fail(self, exc: AllreduceError, seq: int, call) -> AllreduceError:
+    def _fail(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
         """Word the error for the user, break the group and tell the peers why (the store first, so that a
         peer that sees the links close can read why)."""
         error = self._health.failed(exc, seq, call)

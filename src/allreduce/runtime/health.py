@@ -17,7 +17,9 @@ import threading
 
 from .. import collectives, wire
 from ..engines import Call
+from ..engines.callstate import CallStateLike
 from ..errors import AllreduceError, CommTimeout, Mismatch, PeerLost, Revoked
+from ..rendezvous.store import Store
 
 STORE_GRACE = 1.0  # seconds a store call may take off a collective's path (heartbeat, error report)
 _REFUSED = "refused "  # how a progress record that tells a refusal begins
@@ -32,15 +34,18 @@ def describe(call: Call) -> str:
 
 
 class Health:
-    """The heartbeat and failure reports of one rank of a group, through ``store``."""
+    """The heartbeat and failure reports of one rank of a group, through ``store``; the call this rank
+    began last is ``calls.started`` (the group's call state, :mod:`..engines.callstate`)."""
 
-    def __init__(self, store, rank: int, size: int, interval: float, stopping: threading.Event, name: str):
+    def __init__(self, store: Store, rank: int, size: int, interval: float, stopping: threading.Event, name: str,
+                 calls: CallStateLike):
         self.store = store
         self.rank, self.size = rank, size
         self.interval = interval  # heartbeat period, and quiet time before inspecting peers
-        self.started: tuple[int, Call] | None = None  # (seq, call) of the last collective this rank began
+        self._calls = calls
         self.interrupt: AllreduceError | None = None  # raised by the next inspection: the group was revoked
-        self._seen: tuple[int, dict] = (0, {})  # (seq, peers' states) at the last inspection, for the stall report
+        # (seq, peers' states) at the last inspection, for the stall report
+        self._seen: tuple[int, dict[int, tuple[int, str] | None]] = (0, {})
         self._publishing = threading.Lock()  # one writer of progress/{rank} at a time: the beat or a refusal
         self._published: tuple[int, Call] | None = None  # the started call progress/{rank} says
         self._refused_at = 0  # the call number of this rank's last refusal (0: none)
@@ -61,7 +66,7 @@ class Health:
         """Say the call begun last in ``progress/{rank}``, if it does not say it yet (bounded: a frozen
         store host must hold neither the heartbeat nor close())."""
         with self._publishing:
-            started = self.started
+            started = self._calls.started
             if started is not None and started is not self._published:
                 record = f"{started[0]}|{describe(started[1])}".encode()
                 self.store.within(STORE_GRACE).set(f"progress/{self.rank}", record)
@@ -70,7 +75,7 @@ class Health:
     def begin(self, seq: int, call: Call) -> None:
         """This rank begins call ``seq``; right after a refusal, say so at once (not at the next beat),
         so that no peer reads the refusal as this call's."""
-        self.started = (seq, call)
+        self._calls.begin(seq, call)
         if self._after_refusal:
             self._after_refusal = False
             try:
@@ -83,13 +88,13 @@ class Health:
         reason), where a peer waiting in that call looks; within one :data:`STORE_GRACE`, best effort."""
         with self._publishing:
             self._refused_at, self._after_refusal = seq, True
-            self._published = self.started  # the beat must not put the record of an older call back
+            self._published = self._calls.started  # the beat must not put the record of an older call back
             try:
                 self.store.within(STORE_GRACE).set(f"progress/{self.rank}", f"{seq}|{_REFUSED}{text}".encode())
             except Exception:  # no store, no verdict: the peers wait to their deadline
                 pass
 
-    def _peer_states(self, store) -> dict[int, tuple[int, str] | None]:
+    def _peer_states(self, store: Store) -> dict[int, tuple[int, str] | None]:
         """(sequence number, description) of the last collective each peer published, read through ``store``."""
         states: dict[int, tuple[int, str] | None] = {}
         for rank in range(self.size):
@@ -109,7 +114,9 @@ class Health:
         stall report, should the store be gone by the deadline."""
         if self.interrupt is not None:
             raise self.interrupt
-        seq, call = self.started
+        started = self._calls.started
+        assert started is not None  # inspected only while a call runs
+        seq, call = started
         try:
             states = self._peer_states(self.store.within(self.interval))  # late by an interval at most
         except Exception:  # no store, no verdict: the collective still ends at its deadline
@@ -131,7 +138,8 @@ class Health:
             return None
         for rank, state in states.items():
             if state is not None and state[0] == seq and state[1].startswith(_REFUSED):
-                return f"rank {rank} refused its arguments to {state[1][len(_REFUSED):]} (as its call #{seq}, before it began)"
+                return (f"rank {rank} refused its arguments to {state[1][len(_REFUSED):]} "
+                        f"(as its call #{seq}, before it began)")
         return None
 
     def failed(self, exc: AllreduceError, seq: int, call: Call) -> AllreduceError:
@@ -160,7 +168,7 @@ class Health:
         self.report(f"{kind.__name__}: {text}", store)
         return error
 
-    def report(self, message: str, store=None) -> None:
+    def report(self, message: str, store: Store | None = None) -> None:
         """Tell the peers through ``store`` (default: the group's, bounded) why this rank gave up (best
         effort: the store may be gone, and the ABORT frames still carry the reason)."""
         try:
@@ -168,23 +176,24 @@ class Health:
         except Exception:
             pass
 
-    def _peer_refusal(self, seq: int, store) -> str | None:
+    def _peer_refusal(self, seq: int, store: Store) -> str | None:
         """A peer's refusal of call ``seq``, in words, read through ``store`` (``None``: none, or no store)."""
         try:
             return self._refusal(self._peer_states(store), seq)
         except Exception:
             return None
 
-    def _peer_failure(self, peer: int | None, store) -> str:
+    def _peer_failure(self, peer: int | None, store: Store) -> str:
         """Why ``peer`` gave up, if it said so in the store: a closed link alone cannot tell."""
         try:
             if peer is None or not store.check([f"failed/{peer}"]):
                 return ""
-            return f"; rank {peer} had failed: " + store.get(f"failed/{peer}").decode(errors="replace")
+            reason: bytes = store.get(f"failed/{peer}")
+            return f"; rank {peer} had failed: " + reason.decode(errors="replace")
         except Exception:  # no store, no reason
             return ""
 
-    def _stall_report(self, seq: int, collective: str, store) -> str:
+    def _stall_report(self, seq: int, collective: str, store: Store) -> str:
         """Which ranks have not reached collective #``seq``, from their heartbeats in ``store``."""
         try:
             states = self._peer_states(store)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import threading
 
+from ..engines.callstate import CallStateLike
 from ..errors import AllreduceError, GroupBroken, Revoked
 
 
@@ -33,12 +34,15 @@ ALLOWED = {
 
 
 class Life:
-    """One group's state, its failure (if any), and an event set once it stops (for its threads to wait on)."""
+    """One group's state, its failure (if any), and an event set once it stops (for its threads to wait on).
 
-    def __init__(self, rank: int, size: int, name: str):
+    It keeps ``calls.usable`` (the group's call state, :mod:`..engines.callstate`): a call may be issued
+    (not destroyed, not broken), as the transitions leave it."""
+
+    def __init__(self, rank: int, size: int, name: str, calls: CallStateLike):
         self.state = State.OPEN
         self.failure: AllreduceError | None = None  # the error that broke the group
-        self.usable = True  # a call may be issued: not destroyed, not broken (kept by the transitions)
+        self._calls = calls
         self.stopping = threading.Event()  # set on leaving OPEN/BROKEN for CLOSING
         self.foreign: str | None = None  # why this process may not touch the group: a fork() child's words
         self._who = f"rank {rank}/{size}: process group '{name}'"
@@ -48,21 +52,21 @@ class Life:
         if to not in ALLOWED[self.state]:
             raise RuntimeError(f"{self._who} cannot go from {self.state.value} to {to.value}")
         self.state = to
-        self.usable = to is not State.CLOSED and self.failure is None and self.foreign is None
+        self._calls.usable = to is not State.CLOSED and self.failure is None and self.foreign is None
         if to is State.CLOSING:
             self.stopping.set()
 
     def fail(self, error: AllreduceError) -> None:
         """Record ``error`` as the failure; an open group is broken by it."""
         self.failure = error
-        self.usable = False
+        self._calls.usable = False
         if self.state is State.OPEN:
             self.move(State.BROKEN)
 
     def disown(self, why: str) -> None:
         """This process is a fork() child of the one that formed the group: every call raises ``why``."""
         self.foreign = why
-        self.usable = False
+        self._calls.usable = False
 
     def check_owner(self) -> None:
         """Raise ``RuntimeError`` in a fork() child, before any lock: the parent may have held it at fork."""
@@ -71,7 +75,7 @@ class Life:
 
     def check(self) -> None:
         """Raise :class:`GroupBroken` if a call cannot be issued now (destroyed, or broken)."""
-        if not self.usable:
+        if not self._calls.usable:
             raise self.refusal()
 
     def refusal(self) -> GroupBroken | RuntimeError:

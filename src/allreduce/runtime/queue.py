@@ -11,8 +11,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import Callable
+from typing import Any
+from collections.abc import Callable
 
+import numpy as np
+
+from ..engines import Planned
+from ..engines.callstate import CallStateLike
 from ..work import Work
 
 
@@ -21,47 +26,48 @@ class Job:
 
     __slots__ = ("seq", "planned", "buffers", "after", "future")
 
-    def __init__(self, seq: int, planned, buffers: dict, after: Callable[[], None] | None):
+    def __init__(self, seq: int, planned: Planned, buffers: dict[str, np.ndarray], after: Callable[[], None] | None):
         self.seq, self.planned, self.buffers, self.after = seq, planned, buffers, after
-        self.future: concurrent.futures.Future | None = None
+        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
 
 
 class WorkQueue:
     """Runs a group's jobs with ``execute(seq, planned, buffers, after)``, inline or on its progress
     thread. ``cv`` is a condition on the RLock ``lock``: the inline path takes the lock alone (it is
-    the cheaper)."""
+    the cheaper). It keeps ``calls.busy`` (a job runs, inline or on the progress thread) and
+    ``calls.queued`` (the jobs queued) in the group's call state (:mod:`..engines.callstate`)."""
 
     def __init__(self, lock: threading.RLock, cv: threading.Condition, execute: Callable[..., None],
-                 stopping: threading.Event, name: str, who: str):
+                 stopping: threading.Event, name: str, who: str, calls: CallStateLike):
         self._lock, self._cv = lock, cv
         self._execute = execute
         self._stopping = stopping
         self._who = who  # "rank r/n", for the descriptions of Work
+        self._calls = calls
         self.jobs: collections.deque[Job] = collections.deque()  # queued for the progress thread
-        self.busy = False  # a job is running (inline or on the progress thread)
-        self.issued = 0  # calls numbered so far: the last one's sequence number
         self.thread = threading.Thread(target=self._loop, name=f"allreduce-{name}-progress", daemon=True)
 
     @property
     def idle(self) -> bool:
         """Nothing runs and nothing waits (read with the lock held)."""
-        return not self.busy and not self.jobs
+        return not self._calls.busy and not self.jobs
 
     def inline(self, async_op: bool) -> bool:
         """With the lock held: ``True`` if a call issued now runs inline (the group is then marked busy)."""
-        if not async_op and not self.busy and not self.jobs:
-            self.busy = True
+        calls = self._calls
+        if not async_op and not calls.busy and not calls.queued:
+            calls.busy = True
             return True
         return False
 
     def put(self, job: Job) -> None:
         """With the lock held: queue ``job`` for the progress thread."""
-        job.future = concurrent.futures.Future()
         self.jobs.append(job)
+        self._calls.queued += 1
         self._cv.notify_all()
 
-    def run_inline(self, seq: int, planned, buffers: dict, after: Callable[[], None] | None,
-                   begun=None) -> None:
+    def run_inline(self, seq: int, planned: Planned, buffers: dict[str, np.ndarray], after: Callable[[], None] | None,
+                   begun: Any = None) -> None:
         """Run a call that :meth:`inline` admitted, in the caller's thread, then free the group.
 
         ``begun``: what a compiled shortcut's run of the call ended with, which ``execute`` goes on from
@@ -70,8 +76,7 @@ class WorkQueue:
             self._execute(seq, planned, buffers, after, begun)
         finally:
             with self._lock:
-                self.busy = False
-                if self.jobs:  # wake the progress thread only when it has work
+                if self._calls.free():  # wake the progress thread only when it has work
                     self._cv.notify_all()
 
     def handed_off(self, job: Job, async_op: bool) -> Work | None:
@@ -85,12 +90,13 @@ class WorkQueue:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self.jobs or self.busy:
+                while not self.jobs or self._calls.busy:
                     if self._stopping.is_set() and not self.jobs:
                         return
                     self._cv.wait()
                 job = self.jobs.popleft()
-                self.busy = True
+                self._calls.queued -= 1
+                self._calls.busy = True
             try:
                 if job.future.set_running_or_notify_cancel():
                     self._execute(job.seq, job.planned, job.buffers, job.after)
@@ -99,7 +105,7 @@ class WorkQueue:
                 job.future.set_exception(exc)
             finally:
                 with self._cv:
-                    self.busy = False
+                    self._calls.busy = False
                     self._cv.notify_all()
 
     def wake(self) -> None:

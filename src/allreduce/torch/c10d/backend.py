@@ -13,7 +13,8 @@ barrier) come in through the ``*_now`` methods and get their finished work from 
 a shape's compiled shortcut itself once the group has one (no Python at all). Every other call
 (``async_op=True``, and C++ callers such as DDP's reducer) starts its collective asynchronously on
 the allreduce group and returns a :class:`~.work.TorchWork`.
-Tensors the core cannot view in place (CUDA, non-contiguous) are staged (:class:`~allreduce.torch.common.tensors.Staged`)
+Tensors the core cannot view in place (CUDA, non-contiguous) are staged
+(:class:`~allreduce.torch.common.tensors.Staged`)
 and copied back before the work completes. ``opts`` may be omitted
 wherever torch's callers omit it (``backend.allreduce(tensors)``, communication hooks).
 """
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from ... import api, bootstrap
 from ...ops import ReduceOp
+from ...runtime import Shape
 
 from ..common.tensors import Staged, host_copy, is_direct
 from . import monitored, private, sparse
@@ -43,7 +45,7 @@ class ProcessGroupAllreduce:
         self.group = group
         self._unsettled = shrunk  # made by shrink_group: torch registered it as Gloo (private.settle_shrunk)
         self._compiled = group.compiled  # whether the shim may get compiled shortcuts (else no need to ask)
-        self.issued = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
+        self.sequence = 0  # collectives started, the same count on every rank (torch's sequence number; the shim
         # counts here the calls it runs on a compiled shortcut)
         self._coalesced: list | None = None  # the parts of the works started since _start_coalescing
         self._barriers = 0  # monitored barriers held, which name their store keys
@@ -55,7 +57,7 @@ class ProcessGroupAllreduce:
 
     def _work(self, started, result, *after, source: int | None = -1) -> TorchWork | DoneWork:
         """The torch work of a collective ``started`` (``None``: it ran in this thread and is done)."""
-        self.issued += 1
+        self.sequence += 1
         if self._unsettled:
             self._unsettled = False
             private.settle_shrunk(self)
@@ -83,7 +85,7 @@ class ProcessGroupAllreduce:
     # ---- the shim's short way: blocking calls on one CPU tensor, which it passes as a numpy view
     # (``array``) and whose finished work it makes itself (see ``shim.cpp``). Each returns the group's
     # compiled shortcut of the call's shape (``None``: it has none), which the shim calls itself next
-    # time, with no Python in between, and counts in ``issued``; a shortcut that answers False (stale,
+    # time, with no Python in between, and counts in ``sequence``; a shortcut that answers False (stale,
     # or the group busy, broken or destroyed) sends the call here again ---------------------------
 
     @in_torch_words
@@ -93,22 +95,24 @@ class ProcessGroupAllreduce:
         if reduce_op is None:
             _refuse(dist.ReduceOp.RedOpType(op))
         api.all_reduce(array, reduce_op, group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("all_reduce", array.dtype, array.size, reduce_op) if self._compiled else None
+        self.sequence += 1
+        if not self._compiled:
+            return None
+        return self.group.shortcuts.compiled(Shape.all_reduce(array.dtype, array.size, reduce_op))
 
     @in_torch_words
     def broadcast_now(self, array: np.ndarray, root: int):
         """``dist.broadcast(t, src)``; ``root`` is ``src``'s rank in this group."""
         api.broadcast(array, root, group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("broadcast", array.dtype, array.size, root=root) if self._compiled else None
+        self.sequence += 1
+        return self.group.shortcuts.compiled(Shape.broadcast(array.dtype, array.size, root)) if self._compiled else None
 
     @in_torch_words
     def barrier_now(self):
         """``dist.barrier()``."""
         api.barrier(group=self.group)
-        self.issued += 1
-        return self.group.compiled_shortcut("barrier") if self._compiled else None
+        self.sequence += 1
+        return self.group.shortcuts.compiled(Shape.barrier()) if self._compiled else None
 
     @in_torch_words
     def now_failed(self, error: BaseException) -> NoReturn:
@@ -250,7 +254,7 @@ class ProcessGroupAllreduce:
         return TorchWork(parts, None)
 
     def _get_sequence_number_for_group(self) -> int:
-        return self.issued
+        return self.sequence
 
     def shutdown(self) -> None:
         """Close the group, release its keys from torch's store, then leave it (rank 0 waits briefly for the
@@ -266,7 +270,7 @@ class ProcessGroupAllreduce:
     def abort(self) -> None:
         self.group.close()
 
-    def shrink(self, ranks_to_exclude: list[int], flags: int = 0) -> "ProcessGroupAllreduce":
+    def shrink(self, ranks_to_exclude: list[int], flags: int = 0) -> ProcessGroupAllreduce:
         """``torch.distributed.shrink_group``'s backend half (torch checked the ranks): the group of the other
         members, renumbered in order, formed on torch's store under keys of its own. With ``SHRINK_ABORT``
         (flag 1) this group is broken first, so that nothing more runs on it. Every member that stays calls
@@ -277,21 +281,22 @@ class ProcessGroupAllreduce:
         members = [r for r in range(self.group.size) if r not in set(ranks_to_exclude)]
         rank = members.index(self.group.rank)
         store = self.group.store.beside(f"shrink{self._shrinks}", is_server=rank == 0)
-        shrunk = bootstrap.form_group(store, rank, len(members), self.group.timeout,
-                                      f"{self.group.name}.shrink{self._shrinks}", [self.group.ranks[r] for r in members],
+        name, ranks = f"{self.group.name}.shrink{self._shrinks}", [self.group.ranks[r] for r in members]
+        shrunk = bootstrap.form_group(store, rank, len(members), self.group.timeout, name, ranks,
                                       self.group.settings, self.group.shm_options)
         return ProcessGroupAllreduce(shrunk, shrunk=True)
 
     def _joined(self, works: list, result) -> TorchWork | DoneWork:
         """One work done when all of ``works`` are (a coalesced call made of several collectives)."""
-        self.issued -= len(works) - 1
+        self.sequence -= len(works) - 1
         parts = [part for w in works for part in w.parts]
         return TorchWork(parts, result) if parts else DoneWork(result)
 
 
 def _one(tensors: list, what: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise ValueError(f"{what} on the allreduce backend takes one tensor (one device per process), got {len(tensors)}")
+        raise ValueError(f"{what} on the allreduce backend takes one tensor (one device per process), "
+                         f"got {len(tensors)}")
     return tensors[0]
 
 

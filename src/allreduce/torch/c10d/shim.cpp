@@ -12,8 +12,8 @@
 // number) or `broadcast_now` (with the root); no options object crosses into Python. Their work is a
 // DoneWork made here, finished from the start (no Python work, no GIL to wait on it). The views of
 // small tensors are kept for the next call on the same memory (Views). Once the group has a compiled
-// shortcut for the call's shape (allreduce/native/_lines.c's Shortcut, which `*_now` returns), the
-// call goes straight to it through the C entry _lines exports, with no Python in between (Shortcuts).
+// shortcut for the call's shape (allreduce/native/_line_plans.c's Shortcut, which `*_now` returns), the
+// call goes straight to it through the C entry _line_plans exports, with no Python in between (Shortcuts).
 //
 // Built on first use by allreduce/torch/c10d/native.py (torch.utils.cpp_extension.load).
 
@@ -216,14 +216,14 @@ class Shortcuts {
   }
 
   // 1: shortcut ran the call on `data` (a numpy view, or None for a barrier); 0: the general path must
-  // take it; -1: it raised (the Python error set). The entry is _lines.c's shortcut_run, found through
-  // its capsule on the first shortcut: one exists only where allreduce.native._lines loaded.
+  // take it; -1: it raised (the Python error set). The entry is _line_plans.c's shortcut_run, found through
+  // its capsule on the first shortcut: one exists only where allreduce.native._line_plans loaded.
   int run(const py::object& shortcut, const py::object& data) {
     if (shortcut.is_none()) {
       return 0;
     }
     if (run_ == nullptr) {
-      run_ = reinterpret_cast<Run>(PyCapsule_Import("allreduce.native._lines._C_API", 0));
+      run_ = reinterpret_cast<Run>(PyCapsule_Import("allreduce.native._line_plans._C_API", 0));
       if (run_ == nullptr) {
         throw py::error_already_set();
       }
@@ -398,7 +398,7 @@ class PythonBackend : public c10d::Backend {
   }
 
   // A blocking call of the short way on tensor `t` (none: a barrier), `arg` its op number or root: on
-  // the shape's compiled shortcut where it takes the call, counted in impl's `issued` as `*_now` counts
+  // the shape's compiled shortcut where it takes the call, counted in impl's `sequence` as `*_now` counts
   // its own; else by impl's method `name`, keeping the shortcut it returns. A shortcut's error is raised
   // by impl's `now_failed`, in the words `*_now` would have used. The caller holds the GIL.
   void short_way(Now which, const char* name, const at::Tensor* t, int arg) {
@@ -413,27 +413,27 @@ class PythonBackend : public c10d::Backend {
         throw error;  // as it was, should now_failed ever return
       }
       if (ran > 0) {
-        count_issued();
+        count_sequence();
         return;
       }
     }
     shortcuts_.keep(shape, t ? now(which, name, data, arg) : now(which, name));
   }
 
-  // impl.issued += 1, with the GIL held.
-  void count_issued() {
-    if (!issued_) {
-      issued_ = py::str("issued");
+  // impl.sequence += 1, with the GIL held.
+  void count_sequence() {
+    if (!sequence_) {
+      sequence_ = py::str("sequence");
     }
-    py::object count = impl_.attr(issued_);
-    impl_.attr(issued_) = count + py::int_(1);
+    py::object count = impl_.attr(sequence_);
+    impl_.attr(sequence_) = count + py::int_(1);
   }
 
   // Lets go of every Python object held (see drop).
   void drop_all(bool interpreter_alive) {
     views_.clear(interpreter_alive);
     shortcuts_.clear(interpreter_alive);
-    drop(issued_, interpreter_alive);
+    drop(sequence_, interpreter_alive);
     for (py::object& method : now_) {
       drop(method, interpreter_alive);
     }
@@ -443,7 +443,7 @@ class PythonBackend : public c10d::Backend {
   std::string name_;
   py::object impl_;
   std::array<py::object, kNows> now_;
-  py::object issued_;  // the name of impl's count
+  py::object sequence_;  // the name of impl's count
   Views views_;  // of the tensors of recent short-way calls
   Shortcuts shortcuts_;  // of the shapes of recent short-way calls
 };

@@ -46,7 +46,7 @@ class TorchStore(Store):
     def __repr__(self) -> str:
         return f"TorchStore({type(self._store).__name__})"
 
-    def beside(self, prefix: str, is_server: bool) -> "TorchStore":
+    def beside(self, prefix: str, is_server: bool) -> TorchStore:
         """A store on the same torch store, under ``prefix``, that lives on when this one is closed (for a
         group shrunk from this one's, which outlives it)."""
         return TorchStore(dist.PrefixStore(prefix, self._store), self.timeout, is_server)

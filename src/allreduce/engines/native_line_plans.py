@@ -1,4 +1,4 @@
-"""The lines engine in C: the plans of :mod:`.lines`, each run by one call into ``allreduce.native._lines``.
+"""The lines engine in C: the plans of :mod:`.line_plans`, each run by one call into ``allreduce.native._line_plans``.
 
 The compiled plan writes the payload, posts, waits for every peer's line, compares fingerprints,
 folds in rank order and copies out with the GIL released, in the Python engine's protocol and with
@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import time
 from types import ModuleType
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
+from ..algorithms import Algorithm
 from ..dtypes import code_of
 from ..errors import CommTimeout, PeerLost, with_peer
 from ..transport.shm.layout import line_size
-from .call import Call, reworded
-from .lines import LinesEngine, described
+from ..transport.shm.linepath import Lines
+from .call import Call, Idle, reworded
+from .line_plans import ChunkedPlan, LinesEngine, Plan, described
 
 _REDUCES = ("all_reduce", "reduce")
 
@@ -34,7 +38,7 @@ class NativePlan:
 
     __slots__ = ("engine", "call", "numbers", "native", "slice", "_where")
 
-    def __init__(self, engine: "NativeLinesEngine", call: Call, chunked: bool):
+    def __init__(self, engine: NativeLinesEngine, call: Call, chunked: bool):
         self.engine = engine
         self.call = call
         lines, module = engine.lines, engine.module
@@ -47,12 +51,12 @@ class NativePlan:
         self.slice = engine.slice
         self._where = f"{call.collective} #%d ({call.algorithm})"
 
-    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle = None,
             idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
-        python = self.engine.python
-        number = python.numbered + 1  # the next line numbers (LinesEngine.take, inlined)
-        python.numbered += self.numbers
+        numbering = self.engine.native
+        number = numbering.numbered + 1  # the next line numbers (LinesEngine.take, inlined)
+        numbering.numbered += self.numbers
         try:
             state = self.native.run(number, seq, buffers.get("data"), buffers.get("out"), float(timeout), self.slice)
         except self.engine.module.Misaligned:  # refused before anything was posted
@@ -62,7 +66,7 @@ class NativePlan:
             state = exc
         self.resume(state, buffers, seq, timeout, idle, idle_every)
 
-    def _run_aligned(self, number: int, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle,
+    def _run_aligned(self, number: int, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle,
                      idle_every: float) -> None:
         """The run on aligned copies of buffers whose items are not aligned (a numpy view at an odd
         offset, say: the kernels take typed pointers), copied back into those the call may write."""
@@ -77,7 +81,7 @@ class NativePlan:
                 buffers[name][...] = copy
 
     def resume(self, outcome: int | BaseException, buffers: dict[str, np.ndarray], seq: int, timeout: float,
-               idle=None, idle_every: float = 1.0) -> None:
+               idle: Idle = None, idle_every: float = 1.0) -> None:
         """Go on with run ``seq`` from what the compiled run returned (``WAITING``, ``MISMATCH``, ``DONE``)
         or raised, as :meth:`run` does: the shortcut's run hands its endings here."""
         try:
@@ -88,16 +92,16 @@ class NativePlan:
         except BaseException as exc:
             raise reworded(exc, self._where % seq, timeout) from exc
 
-    def shortcut(self, timeout: float, lock, queue, claims, life, health, resume, epochs):
-        """The compiled shortcut of a blocking all-reduce of this shape (see ``_lines.c``'s Shortcut): it
-        claims ``queue`` for the calling thread under ``claims``' rule while ``life`` is usable and nobody
-        holds ``lock``, numbers the call (``queue.issued``), records it in ``health.started``, takes its line
-        numbers and runs it, handing any ending but the plain one to ``resume(seq, data, outcome)``. It
-        refuses every call (``False``) once retired (``retire()``) or once ``epochs.epoch`` has changed."""
-        return self.native.shortcut(self.engine.python, self.numbers, self.call, float(timeout), self.slice, lock,
-                                    queue, claims, life, health, resume, epochs)
+    def shortcut(self, state: Any, timeout: float, resume: Callable[[int, np.ndarray | None, Any], None]) -> Any:
+        """The compiled shortcut of a blocking call of this shape (see ``_line_plans.c``'s Shortcut): it claims
+        the group's call ``state`` (the compiled :class:`~.callstate.CallState`) for the calling thread
+        where the group is idle and usable and nobody holds its lock, numbers the call, records it as
+        begun, takes its line numbers and runs it, handing any ending but the plain one to ``resume(seq,
+        data, outcome)``. It refuses every call (``False``) once retired (``retire()``)."""
+        return self.native.shortcut(state, self.call, self.numbers, float(timeout), self.slice, resume)
 
-    def _settle(self, state: int, data, out, idle, idle_every: float) -> None:
+    def _settle(self, state: int, data: np.ndarray | None, out: np.ndarray | None, idle: Idle,
+                idle_every: float) -> None:
         """Go on with a run that returned ``WAITING`` or ``MISMATCH`` until it is done, doing at each
         return what the Python engine's wait does: the deadline, the gone-peer check, the idle hook."""
         native, lines, waiting = self.native, self.engine.lines, self.engine.module.WAITING
@@ -123,19 +127,19 @@ class NativePlan:
 class NativeLinesEngine:
     """Plans calls on one group's ``lines`` in C where the compiled kernels reduce the call's pair."""
 
-    def __init__(self, lines, module: ModuleType):
+    def __init__(self, lines: Lines, module: ModuleType):
         self.lines = lines
         self.module = module
-        self.python = LinesEngine(lines)  # the round numbers, and the plans of pairs C does not reduce
         options = lines.options
         self.native = module.Lines(lines.rank, lines.areas(), line_size(lines.capacity), lines.capacity,
                                    options.spin_s, options.spin_max_s, options.awake_s, options.yield_s,
                                    options.sleep_ms / 1000,
                                    lines.crowded)
+        self.python = LinesEngine(lines, self.native)  # the plans of pairs C does not reduce: same numbering
         lines.on_close(self.native.close)
         self.slice = max(options.check_s, 1e-3)  # how long a wait stays in C before Python's duties
 
-    def plan(self, entry, call: Call, options: dict):
+    def plan(self, entry: Algorithm, call: Call, options: dict[str, Any]) -> NativePlan | Plan | ChunkedPlan:
         """``call`` as a compiled plan of ``entry`` (``lines`` or ``chunked_lines``), or the Python
         engine's where the compiled plans do not know its dtype or the kernels do not reduce it with its op."""
         code = code_of(call.dtype)

@@ -1,6 +1,6 @@
 """The lines engine: the lines algorithms run on the shared-memory lines, a ready plan per call shape.
 
-A group whose ranks all share one host has *lines* (:mod:`..transport.shm.lines`): each rank writes
+A group whose ranks all share one host has *lines* (:mod:`..transport.shm.linepath`): each rank writes
 its contribution into its line, waits for its peers' lines and reads them in place, with no frames
 and no schedule to walk. ``lines`` (one round, up to ``line_max`` bytes per rank) serves all-reduce,
 reduce, broadcast, all-gather and barrier; ``chunked_lines`` (two rounds per chunk of a line) serves
@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any
 
 import numpy as np
 
 from .. import collectives, wire
+from ..algorithms import Algorithm
 from ..dtypes import code_of
-from .call import Call, reworded
 from ..ops import kernel
+from ..transport.shm.linepath import Lines
+from .call import Call, Idle, reworded
 
 SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": False, "barrier": False}
 
@@ -33,12 +36,12 @@ SENDS = {"all_reduce": True, "reduce": True, "all_gather": True, "broadcast": Fa
 class Plan:
     """One call shape on the lines, in one round: what each rank writes, what it reads, and how it is checked."""
 
-    __slots__ = ("engine", "lines", "call", "fingerprint", "header", "views", "rank", "root", "sends", "finish",
+    __slots__ = ("numbering", "lines", "call", "fingerprint", "header", "views", "rank", "root", "sends", "finish",
                  "ufunc")
     numbers = 1  # line numbers a run takes
 
-    def __init__(self, engine: "LinesEngine", call: Call):
-        self.engine = engine
+    def __init__(self, engine: LinesEngine, call: Call):
+        self.numbering = engine.numbering
         self.lines = lines = engine.lines
         self.call = call
         self.rank, self.root = lines.rank, call.root
@@ -48,11 +51,11 @@ class Plan:
         self.finish = getattr(self, "_" + call.collective)
         self.ufunc = kernel(call.op, call.dtype)
 
-    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle = None,
             idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
-        engine = self.engine
-        number = engine.numbered = engine.numbered + 1  # the next line number (LinesEngine.take, inlined)
+        numbering = self.numbering
+        number = numbering.numbered = numbering.numbered + 1  # the next line number (LinesEngine.take, inlined)
         views = self.views[number & 1]
         try:
             if self.sends:
@@ -70,20 +73,20 @@ class Plan:
         for rank in range(2, len(views)):
             ufunc(data, views[rank], data)
 
-    def _reduce(self, views, buffers) -> None:
+    def _reduce(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         if self.rank == self.root:
             self._all_reduce(views, buffers)
 
-    def _broadcast(self, views, buffers) -> None:
+    def _broadcast(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         if self.rank != self.root:
             np.copyto(buffers["data"], views[self.root])
 
-    def _all_gather(self, views, buffers) -> None:
+    def _all_gather(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         out = buffers["out"].reshape(len(views), self.call.count)
         for rank, view in enumerate(views):
             np.copyto(out[rank], view)
 
-    def _barrier(self, views, buffers) -> None:
+    def _barrier(self, views: list[np.ndarray], buffers: dict[str, np.ndarray]) -> None:
         pass
 
 
@@ -96,12 +99,12 @@ class ChunkedPlan:
     reduces only its share and moves each byte once, as in a reduce-scatter followed by an
     all-gather, and the result has the left fold's bits. A run of number ``k`` uses numbers
     ``k .. k + 2 * chunks - 1``: inputs always in line ``k % 2``, folds in the other, so the lines'
-    rule for reuse (see :mod:`.transport.shm.lines`) holds unchanged.
+    rule for reuse (see :mod:`.transport.shm.linepath`) holds unchanged.
     """
 
     __slots__ = ("engine", "lines", "call", "fingerprint", "header", "numbers", "ufunc", "_rounds")
 
-    def __init__(self, engine: "LinesEngine", call: Call):
+    def __init__(self, engine: LinesEngine, call: Call):
         self.engine = engine
         self.lines = lines = engine.lines
         self.call = call
@@ -115,7 +118,7 @@ class ChunkedPlan:
         self._rounds = lines.keep([[_Chunk(views[parity], views[1 - parity], lines.rank, low, high, keeps)
                                      for low, high in bounds] for parity in (0, 1)])
 
-    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle=None,
+    def run(self, buffers: dict[str, np.ndarray], seq: int, timeout: float, idle: Idle = None,
             idle_every: float = 1.0) -> None:
         """See :meth:`Planned.run <allreduce.engines.Planned.run>`."""
         number = self.engine.take(self.numbers)
@@ -178,21 +181,34 @@ def described(call: Call) -> tuple[bytes, int]:
     return header, int.from_bytes(hashlib.blake2b(header, digest_size=8).digest(), "little") >> 1
 
 
+class Numbering:
+    """The line numbers a group's calls have taken so far (see the module docstring)."""
+
+    __slots__ = ("numbered",)
+
+    def __init__(self) -> None:
+        self.numbered = 0
+
+
 class LinesEngine:
-    """Plans calls on one group's ``lines`` and numbers their rounds (see the module docstring)."""
+    """Plans calls on one group's ``lines`` and numbers their rounds (see the module docstring).
 
-    def __init__(self, lines):
+    ``numbering``: what counts the line numbers taken (the compiled lines' ``Lines``, where compiled plans
+    run beside this engine's; default a :class:`Numbering` of its own)."""
+
+    def __init__(self, lines: Lines, numbering: Any = None):
         self.lines = lines
-        self.numbered = 0  # line numbers taken so far
+        self.numbering = numbering if numbering is not None else Numbering()
 
-    def plan(self, entry, call: Call, options: dict) -> Plan | ChunkedPlan:
+    def plan(self, entry: Algorithm, call: Call, options: dict[str, Any]) -> Plan | ChunkedPlan:
         """``call`` as a ready plan of ``entry`` (``lines`` or ``chunked_lines``); the chunk is a line."""
         return (ChunkedPlan if entry.name == "chunked_lines" else Plan)(self, call)
 
     def take(self, numbers: int) -> int:
         """The first of the next ``numbers`` line numbers, taken by the call that runs now."""
-        first = self.numbered + 1
-        self.numbered += numbers
+        numbering = self.numbering
+        first = numbering.numbered + 1
+        numbering.numbered += numbers
         return first
 
     def close(self) -> None:

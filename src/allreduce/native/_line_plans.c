@@ -1,10 +1,10 @@
-/* allreduce.native._lines: the shared-memory lines (transport/shm/lines.py) run in C, a call per run.
+/* allreduce.native._line_plans: the shared-memory lines (transport/shm/linepath.py) run in C, a call per run.
  *
  * The protocol is the Python engine's, word for word (transport/shm/layout.py): a rank writes its
  * payload into line `number % 2`, then the call's sequence number, its fingerprint and frame header,
  * and the number last (a release store: x86-64 keeps one process's stores in order); it waits until
  * every peer's line shows the number, compares their call and fingerprint with its own, and reads
- * their payloads in place. A Plan is one call shape (engines/native_lines.py makes them): `lines`
+ * their payloads in place. A Plan is one call shape (engines/native_line_plans.py makes them): `lines`
  * (one round: all-reduce, reduce, broadcast, all-gather, barrier) or `chunked_lines` (two rounds per
  * chunk of a line: each rank folds its slice of the chunk, then every rank copies the folded slices).
  *
@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "callstate.h"
 #include "kernels.h"
 
 /* transport/shm/layout.py, in words of the lines area and of a line (checked by the tests: LAYOUT) */
@@ -85,6 +86,7 @@ typedef struct {
     double spin_s, spin_max_s, awake_s, yield_s, sleep_s;
     int crowded;  /* the group's ranks outnumber the cores: spinning only delays the peer */
     int closed;
+    long long numbered;  /* line numbers taken so far, by every plan of the group (compiled or not) */
 } Lines;
 
 static inline volatile int64_t *word_of(char *at, int index) { return (volatile int64_t *)at + index; }
@@ -344,7 +346,7 @@ static inline void cut(Py_ssize_t items, int size, int part, Py_ssize_t *low, Py
     *high = items * (part + 1) / size;
 }
 
-/* Chunks of a line each, two rounds per chunk (engines/lines.py's ChunkedPlan): round one posts this
+/* Chunks of a line each, two rounds per chunk (engines/line_plans.py's ChunkedPlan): round one posts this
  * rank's chunk but its own slice; then it folds its slice over every rank's line (its own term from
  * the caller's array) into its other line and posts that; round two copies every folded slice. */
 static int step_chunked(Plan *p, char *data, double until)
@@ -551,12 +553,12 @@ static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL, "run(number, call, data, out, timeout, slice)"},
     {"resume", (PyCFunction)(void (*)(void))Plan_resume, METH_FASTCALL, "resume(data, out, slice)"},
     {"shortcut", (PyCFunction)Plan_shortcut, METH_VARARGS,
-     "shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume, epochs) -> Shortcut"},
+     "shortcut(state, call, per_run, timeout, slice, resume) -> Shortcut"},
     {NULL},
 };
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Plan",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One call shape on the lines (made by Lines.plan).",
@@ -565,82 +567,57 @@ static PyTypeObject PlanType = {
     .tp_members = Plan_members,
 };
 
-/* ---- Shortcut: a blocking all-reduce of a shape the group ran before, claimed and run in one call --
+/* ---- Shortcut: a blocking call of a shape the group ran before, claimed and run in one call -------
  *
- * The group's issue state stays where the Python runtime keeps it (runtime/queue.py, claims.py, life.py,
- * health.py); a Shortcut does in C, with the GIL held throughout (so no Python code runs in between),
- * exactly what ProcessGroup.run_planned, WorkQueue.run_inline and NativePlan.run do on success: it
- * probes the group's lock (held by another thread: a call is being issued, so the general path
- * decides), claims the idle group for this thread (never the progress thread: a Work callback), numbers
- * the call, records it as begun for the heartbeat, takes its line numbers and runs the plan. A call that
- * ends other than plainly (WAITING, MISMATCH, an exception, another thread's call meanwhile, work
- * queued behind it) is handed, as it stands, to the Python `resume(seq, data, outcome)`, which goes on
- * exactly as the general path would and frees the group. Calling it returns False, with nothing done,
- * where the general path must take the call.
+ * The group's call state is a CallState (callstate.c) that the Python runtime drives with the group's
+ * lock held (runtime/queue.py, claims.py, life.py, health.py); a Shortcut drives the same struct in C,
+ * with the GIL held throughout (so no Python code runs in between), doing exactly what the Python
+ * shortcut (runtime/shortcuts.py), WorkQueue.run_inline and NativePlan.run do on success: it probes the
+ * group's lock (held by another thread: a call is being issued, so the general path decides), claims the idle
+ * group for this thread (never the progress thread: a Work callback), numbers the call, records it as
+ * begun for the heartbeat, takes its line numbers and runs the plan. A call that ends other than plainly
+ * (WAITING, MISMATCH, an exception, another thread's call meanwhile, work queued behind it) is handed, as
+ * it stands, to the Python `resume(seq, data, outcome)`, which goes on exactly as the general path would
+ * and frees the group. Calling it returns False, with nothing done, where the general path must take
+ * the call.
  *
- * A shortcut is stale once its group has retired it (retire(): the group re-planned the shape, or told
- * its peers of a refusal, after which the general path must say the next call began) or once
- * `epochs.epoch` (planner/determinism.py's count of mode switches) is no longer the one it was made
- * under; a stale one returns False too, so a caller that keeps one (the torch backend's shim) needs no
- * other check than calling it. Compiled callers call it through the module's `_C_API` capsule: a
- * pointer to shortcut_run(), which takes any object (0 for one that is not a Shortcut). */
+ * A shortcut is stale once its group has retired it (retire(): the group re-planned the shape, told its
+ * peers of a refusal, or the determinism mode changed); a stale one returns False too, so a caller that
+ * keeps one (the torch backend's shim) needs no other check than calling it. Compiled callers call it
+ * through the module's `_C_API` capsule: a pointer to shortcut_run(), which takes any object (0 for one
+ * that is not a Shortcut). */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     Plan *plan;
-    PyObject *numbers;  /* the lines engine whose `numbered` counts the line numbers taken */
-    PyObject *call;  /* the planned call's Call (health's `started` is (seq, call)) */
-    PyObject *acquire, *release;  /* the group's lock's bound methods */
-    PyObject *queue, *jobs, *claims, *life, *health;
+    ar_CallState *state;  /* the group's call state */
+    PyObject *call;  /* the planned call's Call (the state's `started` is (seq, call)) */
     PyObject *resume;
-    PyObject *epochs, *epoch;  /* valid while epochs.epoch is epoch */
     int retired;  /* set by retire(): every call goes the general way */
     int64_t per_run;  /* line numbers one run takes */
-    unsigned long progress;  /* the progress thread, which runs Work callbacks */
     double timeout, slice;
 } Shortcut;
 
 static PyTypeObject ShortcutType;
 
-static PyObject *s_usable, *s_busy, *s_issued, *s_issuer, *s_conflict, *s_started, *s_numbered, *s_progress, *s_jobs,
-    *s_epoch;
-
-/* A shortcut holds its group's parts, and the group (through resume) holds its shortcuts: a cycle the
+/* A shortcut holds its group's state, and the group (through resume) holds its shortcuts: a cycle the
  * garbage collector must see through. */
 static int Shortcut_traverse(Shortcut *s, visitproc visit, void *arg)
 {
     Py_VISIT(s->plan);
-    Py_VISIT(s->numbers);
+    Py_VISIT(s->state);
     Py_VISIT(s->call);
-    Py_VISIT(s->acquire);
-    Py_VISIT(s->release);
-    Py_VISIT(s->queue);
-    Py_VISIT(s->jobs);
-    Py_VISIT(s->claims);
-    Py_VISIT(s->life);
-    Py_VISIT(s->health);
     Py_VISIT(s->resume);
-    Py_VISIT(s->epochs);
-    Py_VISIT(s->epoch);
     return 0;
 }
 
 static int Shortcut_clear(Shortcut *s)
 {
     Py_CLEAR(s->plan);
-    Py_CLEAR(s->numbers);
+    Py_CLEAR(s->state);
     Py_CLEAR(s->call);
-    Py_CLEAR(s->acquire);
-    Py_CLEAR(s->release);
-    Py_CLEAR(s->queue);
-    Py_CLEAR(s->jobs);
-    Py_CLEAR(s->claims);
-    Py_CLEAR(s->life);
-    Py_CLEAR(s->health);
     Py_CLEAR(s->resume);
-    Py_CLEAR(s->epochs);
-    Py_CLEAR(s->epoch);
     return 0;
 }
 
@@ -651,110 +628,14 @@ static void Shortcut_dealloc(Shortcut *s)
     PyObject_GC_Del(s);
 }
 
-/* 1 if obj.name is true, 0 if false, -1 on an error */
-static int truth(PyObject *obj, PyObject *name)
-{
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL)
-        return -1;
-    int t = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return t;
-}
-
-/* obj.name += by; the new value (-1 on an error) */
-static int64_t bump(PyObject *obj, PyObject *name, int64_t by)
-{
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL)
-        return -1;
-    int64_t now = PyLong_AsLongLong(value) + by;
-    Py_DECREF(value);
-    if (PyErr_Occurred())
-        return -1;
-    PyObject *next = PyLong_FromLongLong(now);
-    if (next == NULL)
-        return -1;
-    int rc = PyObject_SetAttr(obj, name, next);
-    Py_DECREF(next);
-    return rc < 0 ? -1 : now;
-}
-
-/* Claim the idle group for this thread and number the call: its sequence number, 0 where the general
- * path must decide, -1 on an error. The lock is only probed: while this runs nothing else does. */
-static int64_t claim(Shortcut *s)
-{
-    int usable = truth(s->life, s_usable);
-    if (usable <= 0)
-        return usable;
-    PyObject *no = Py_False;
-    PyObject *got = PyObject_Vectorcall(s->acquire, &no, 1, NULL);
-    if (got == NULL)
-        return -1;
-    int locked = got == Py_True;
-    Py_DECREF(got);
-    if (!locked)
-        return 0;
-    int64_t seq = 0;
-    unsigned long me = PyThread_get_thread_ident();
-    int busy = me == s->progress ? 1 : truth(s->queue, s_busy);
-    if (busy == 0) {
-        Py_ssize_t queued = PyObject_Length(s->jobs);
-        PyObject *issuer = queued == 0 ? PyLong_FromUnsignedLong(me) : NULL;
-        if (queued < 0)
-            seq = -1;
-        else if (queued == 0)
-            seq = issuer == NULL || PyObject_SetAttr(s->queue, s_busy, Py_True) < 0
-                  || PyObject_SetAttr(s->claims, s_issuer, issuer) < 0 ? -1 : bump(s->queue, s_issued, 1);
-        Py_XDECREF(issuer);
-    } else if (busy < 0) {
-        seq = -1;
-    }
-    PyObject *done = PyObject_CallNoArgs(s->release);
-    if (done == NULL)
-        return -1;
-    Py_DECREF(done);
-    return seq;
-}
-
 /* Record call `seq` as begun and take its line numbers: the first of them, -1 on an error. */
 static int64_t begun(Shortcut *s, int64_t seq)
 {
-    PyObject *started = Py_BuildValue("(LO)", (long long)seq, s->call);
-    if (started == NULL)
+    if (call_begin(s->state, seq, s->call) < 0)
         return -1;
-    int rc = PyObject_SetAttr(s->health, s_started, started);
-    Py_DECREF(started);
-    if (rc < 0)
-        return -1;
-    int64_t last = bump(s->numbers, s_numbered, s->per_run);
-    return last < 0 ? -1 : last - s->per_run + 1;
-}
-
-/* The run ended plainly: free the group and say so (1), or 0 where resume() must finish it. */
-static int plainly(Shortcut *s)
-{
-    PyObject *conflict = PyObject_GetAttr(s->claims, s_conflict);
-    if (conflict == NULL)
-        return -1;
-    int clear = conflict == Py_None;
-    Py_DECREF(conflict);
-    if (!clear || PyObject_Length(s->jobs) != 0)
-        return 0;
-    return PyObject_SetAttr(s->queue, s_busy, Py_False) < 0 ? -1 : 1;
-}
-
-/* 1 if the shortcut is stale (see above), 0 if not, -1 on an error. */
-static int stale(Shortcut *s)
-{
-    if (s->plan == NULL || s->retired)  /* no plan: cleared by the garbage collector, its group is going */
-        return 1;
-    PyObject *epoch = PyObject_GetAttr(s->epochs, s_epoch);
-    if (epoch == NULL)
-        return -1;
-    int same = PyObject_RichCompareBool(epoch, s->epoch, Py_EQ);
-    Py_DECREF(epoch);
-    return same < 0 ? -1 : !same;
+    Lines *L = s->plan->lines;
+    L->numbered += s->per_run;
+    return L->numbered - s->per_run + 1;
 }
 
 /* shortcut(data), for Python and compiled callers: 1 if the call ran, 0 if the general path must take
@@ -764,9 +645,8 @@ static int shortcut_run(PyObject *obj, PyObject *data)
     if (Py_TYPE(obj) != &ShortcutType)
         return 0;
     Shortcut *s = (Shortcut *)obj;
-    int old = stale(s);
-    if (old != 0)
-        return old < 0 ? -1 : 0;
+    if (s->plan == NULL || s->retired)  /* no plan: cleared by the garbage collector, its group is going */
+        return 0;
     Plan *p = s->plan;
     Py_buffer view = {0};
     if (data != Py_None) {  /* memory the call may not run on in place is the general path's to refuse */
@@ -781,7 +661,7 @@ static int shortcut_run(PyObject *obj, PyObject *data)
     } else if (p->count * p->itemsize != 0) {
         return 0;
     }
-    int64_t seq = claim(s);
+    int64_t seq = call_probe_claim(s->state, PyThread_get_thread_ident());
     if (seq <= 0) {
         give_back(&view);
         return seq < 0 ? -1 : 0;
@@ -795,14 +675,9 @@ static int shortcut_run(PyObject *obj, PyObject *data)
         outcome = state < 0 ? NULL : PyLong_FromLong(state);
     }
     give_back(&view);
-    if (outcome != NULL && PyLong_CheckExact(outcome) && PyLong_AsLong(outcome) == DONE) {
-        int plain = plainly(s);
-        if (plain == 1) {
-            Py_DECREF(outcome);
-            return 1;
-        }
-        if (plain < 0)
-            Py_CLEAR(outcome);
+    if (outcome != NULL && PyLong_CheckExact(outcome) && PyLong_AsLong(outcome) == DONE && call_finish(s->state)) {
+        Py_DECREF(outcome);
+        return 1;
     }
     if (outcome == NULL) {  /* the exception, as the engine's run would have raised it */
         PyObject *type, *value, *traceback;
@@ -854,7 +729,7 @@ static PyObject *Shortcut_call(PyObject *s, PyObject *args, PyObject *kwargs)
 }
 
 static PyTypeObject ShortcutType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Shortcut",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "A blocking call of a known shape, claimed and run in one call (made by Plan.shortcut).",
@@ -866,58 +741,31 @@ static PyTypeObject ShortcutType = {
     .tp_methods = Shortcut_methods,
 };
 
-/* plan.shortcut(numbers, per_run, call, timeout, slice, lock, queue, claims, life, health, resume, epochs) */
+/* plan.shortcut(state, call, per_run, timeout, slice, resume) */
 static PyObject *Plan_shortcut(Plan *p, PyObject *args)
 {
-    PyObject *numbers, *call, *lock, *queue, *claims, *life, *health, *resume, *epochs;
+    PyObject *state, *call, *resume;
     long long per_run;
     double timeout, slice;
-    if (!PyArg_ParseTuple(args, "OLOddOOOOOOO", &numbers, &per_run, &call, &timeout, &slice, &lock, &queue, &claims,
-                          &life, &health, &resume, &epochs))
+    if (!PyArg_ParseTuple(args, "O!OLddO", &ar_CallStateType, &state, &call, &per_run, &timeout, &slice, &resume))
         return NULL;
-    if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER) {
+    if (per_run <= 0 || !PyCallable_Check(resume) || p->kind == ALL_GATHER || ((ar_CallState *)state)->acquire == NULL) {
         PyErr_SetString(PyExc_ValueError, "shortcut: per_run must be positive, resume callable, the plan no gather");
         return NULL;
     }
-    PyObject *epoch = PyObject_GetAttr(epochs, s_epoch);
-    if (epoch == NULL)
+    Shortcut *s = PyObject_GC_New(Shortcut, &ShortcutType);
+    if (s == NULL)
         return NULL;
-    PyObject *progress = PyObject_GetAttr(claims, s_progress);
-    if (progress == NULL) {
-        Py_DECREF(epoch);
-        return NULL;
-    }
-    unsigned long progress_id = progress == Py_None ? 0 : PyLong_AsUnsignedLong(progress);
-    Py_DECREF(progress);
-    Shortcut *s = PyErr_Occurred() ? NULL : PyObject_GC_New(Shortcut, &ShortcutType);
-    if (s == NULL) {
-        Py_DECREF(epoch);
-        return NULL;
-    }
     s->vectorcall = (vectorcallfunc)Shortcut_vectorcall;
     s->plan = (Plan *)Py_NewRef(p);
-    s->numbers = Py_NewRef(numbers);
+    s->state = (ar_CallState *)Py_NewRef(state);
     s->call = Py_NewRef(call);
-    s->acquire = PyObject_GetAttrString(lock, "acquire");
-    s->release = PyObject_GetAttrString(lock, "release");
-    s->queue = Py_NewRef(queue);
-    s->jobs = PyObject_GetAttr(queue, s_jobs);
-    s->claims = Py_NewRef(claims);
-    s->life = Py_NewRef(life);
-    s->health = Py_NewRef(health);
     s->resume = Py_NewRef(resume);
-    s->epochs = Py_NewRef(epochs);
-    s->epoch = epoch;
     s->retired = 0;
     s->per_run = per_run;
-    s->progress = progress_id;
     s->timeout = timeout;
     s->slice = slice;
     PyObject_GC_Track(s);
-    if (s->acquire == NULL || s->release == NULL || s->jobs == NULL) {
-        Py_DECREF(s);
-        return NULL;
-    }
     return (PyObject *)s;
 }
 
@@ -967,6 +815,11 @@ static PyObject *Lines_plan(Lines *self, PyObject *args)
     return (PyObject *)p;
 }
 
+static PyMemberDef Lines_members[] = {
+    {"numbered", T_LONGLONG, offsetof(Lines, numbered), 0, "line numbers taken so far (engines/line_plans.py's numbering)"},
+    {NULL},
+};
+
 static PyMethodDef Lines_methods[] = {
     {"plan", (PyCFunction)Lines_plan, METH_VARARGS, "plan(kind, dtype, op, count, root, fingerprint, header, per_line)"},
     {"close", (PyCFunction)Lines_close, METH_NOARGS, "No plan touches the lines after this (they are unmapped next)."},
@@ -974,7 +827,7 @@ static PyMethodDef Lines_methods[] = {
 };
 
 static PyTypeObject LinesType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._lines.Lines",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "allreduce.native._line_plans.Lines",
     .tp_basicsize = sizeof(Lines),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Every rank's two lines as this process maps them.",
@@ -982,6 +835,7 @@ static PyTypeObject LinesType = {
     .tp_init = (initproc)Lines_init,
     .tp_dealloc = (destructor)Lines_dealloc,
     .tp_methods = Lines_methods,
+    .tp_members = Lines_members,
 };
 
 static PyObject *supported(PyObject *self, PyObject *args)
@@ -1006,19 +860,13 @@ static PyMethodDef functions[] = {
     {NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lines", "The shared-memory lines, run in C.", -1, functions};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_line_plans", "The plans of the shared-memory lines, run in C.", -1, functions};
 
-PyMODINIT_FUNC PyInit__lines(void)
+PyMODINIT_FUNC PyInit__line_plans(void)
 {
-    if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&ShortcutType) < 0)
+    if (PyType_Ready(&LinesType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&ShortcutType) < 0
+        || PyType_Ready(&ar_CallStateType) < 0)
         return NULL;
-    PyObject **names[] = {&s_usable, &s_busy, &s_issued, &s_issuer, &s_conflict, &s_started, &s_numbered, &s_progress,
-                          &s_jobs, &s_epoch};
-    const char *texts[] = {"usable", "busy", "issued", "issuer", "conflict", "started", "numbered", "progress", "jobs",
-                           "epoch"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
-            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
@@ -1030,16 +878,18 @@ PyMODINIT_FUNC PyInit__lines(void)
     PyObject *kinds = Py_BuildValue("{sisisisisi}", "all_reduce", ALL_REDUCE, "reduce", REDUCE, "broadcast", BROADCAST,
                                     "all_gather", ALL_GATHER, "barrier", BARRIER);
     /* the C entry of a Shortcut, for compiled callers: int (*)(PyObject *shortcut, PyObject *data) */
-    PyObject *api = PyCapsule_New((void *)shortcut_run, "allreduce.native._lines._C_API", NULL);
+    PyObject *api = PyCapsule_New((void *)shortcut_run, "allreduce.native._line_plans._C_API", NULL);
     Py_INCREF(&LinesType);
     Py_INCREF(&PlanType);
-    Misaligned = PyErr_NewException("allreduce.native._lines.Misaligned", PyExc_ValueError, NULL);
+    Py_INCREF(&ar_CallStateType);
+    Misaligned = PyErr_NewException("allreduce.native._line_plans.Misaligned", PyExc_ValueError, NULL);
     Py_XINCREF(Misaligned);
     if (layout == NULL || kinds == NULL || api == NULL || Misaligned == NULL
         || PyModule_AddObject(m, "_C_API", api) < 0 || PyModule_AddObject(m, "Misaligned", Misaligned) < 0
         || PyModule_AddObject(m, "LAYOUT", layout) < 0
         || PyModule_AddObject(m, "KINDS", kinds) < 0 || PyModule_AddObject(m, "Lines", (PyObject *)&LinesType) < 0
-        || PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 || PyModule_AddIntConstant(m, "DONE", DONE) < 0
+        || PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0
+        || PyModule_AddObject(m, "CallState", (PyObject *)&ar_CallStateType) < 0 || PyModule_AddIntConstant(m, "DONE", DONE) < 0
         || PyModule_AddIntConstant(m, "WAITING", WAITING) < 0 || PyModule_AddIntConstant(m, "MISMATCH", MISMATCH) < 0
         || PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0) {
         Py_DECREF(m);
