@@ -4,7 +4,7 @@ Used alike by :func:`allreduce.init_process_group`/:func:`allreduce.new_group` a
 torch.distributed backend, which brings its own store. The environment has been read by the caller,
 into :class:`~allreduce.settings.Settings` and :class:`~allreduce.transport.shm.ShmOptions`; the TCP
 links prove themselves with the :class:`~allreduce.security.Security` the settings give. Every
-group also gets a point-to-point engine (:mod:`.p2p`), which listens and publishes its address here;
+group also gets a point-to-point messenger (:mod:`.p2p`), which listens and publishes its address here;
 its links are made on first use.
 """
 

@@ -1,4 +1,4 @@
-"""MPI point-to-point on the group's point-to-point engine (:mod:`allreduce.p2p`).
+"""MPI point-to-point on the group's point-to-point messenger (:mod:`allreduce.p2p`).
 
 A communicator's messages are the engine's: matched by source and tag as MPI matches them (tags and
 sources may be ``ANY_*``; two messages from one sender with one tag never overtake each other), sent

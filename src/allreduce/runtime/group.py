@@ -234,7 +234,7 @@ class ProcessGroup:
         return self.p2p.irecv(buffer, peer, tag, exact)
 
     def p2p_failed(self, error: AllreduceError) -> None:
-        """The point-to-point engine failed with ``error``: the group is broken too (as after a failed
+        """The point-to-point messenger failed with ``error``: the group is broken too (as after a failed
         collective; told to the peers through the store, and by ABORT frames when no collective runs)."""
         self._break_from_outside(error, cut_short=False)
 
