@@ -8,7 +8,8 @@ it is a type of its own; the compiled kernels have no loop for it, so its folds 
 ``ml_dtypes`` is imported on first need (:func:`load_bfloat16`): its extension costs most of a second of
 CPU, which every rank of a job would pay at ``import allreduce`` though few ever use bfloat16. A
 bfloat16 array exists only once ``ml_dtypes`` is loaded, so :func:`code_of` completes the table on its
-first miss; the module attributes ``bfloat16`` and ``SUPPORTED`` load it when read.
+first miss; the module attributes ``bfloat16`` and ``SUPPORTED`` load it when read, and :func:`resolve` when
+the name "bfloat16" is given where a dtype is asked for.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def __getattr__(name: str) -> Any:
 def _supported() -> tuple[np.dtype, ...]:
     load_bfloat16()
     return tuple(_BY_CODE[code] for code in sorted(_BY_CODE))
+
+
+def resolve(dtype) -> np.dtype:
+    """``np.dtype(dtype)``; numpy learns the name "bfloat16" from ``ml_dtypes``, so that name loads it first."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        load_bfloat16()
+    return np.dtype(dtype)
 
 
 def code_of(dtype) -> int:

@@ -29,7 +29,8 @@ dist.all_reduce(x)
 assert x.tolist() == [total] * 5, x
 assert "ml_dtypes" not in sys.modules, "a float32 job imported ml_dtypes"
 if sys.argv[1] == "bfloat16":
-    y = np.arange(5, dtype=dtypes.bfloat16) * (rank + 1)
+    y = dist.empty(5, "bfloat16")  # the name alone loads ml_dtypes
+    y[:] = np.arange(5) * (rank + 1)
     dist.all_reduce(y)
     assert "ml_dtypes" in sys.modules and y.dtype == dtypes.bfloat16
     assert y.astype(np.float32).tolist() == [total * i for i in range(5)], y
@@ -57,4 +58,11 @@ def test_a_group_of_one_imports_ml_dtypes_only_for_bfloat16(use):
     env = {**_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     done = subprocess.run([sys.executable, "-c", SCRIPT, use], env=env,
                           capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_profile_tuned_with_bfloat16_loads_in_a_fresh_process():
+    script = ("from allreduce.planner import costmodel\n"
+              "assert ('bfloat16', 1e-9) in costmodel.from_json({'gamma': {'bfloat16': 1e-9}}).gamma\n")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
