@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import bfloat16, code_of
+from .dtypes import code_of, load_bfloat16
 
 
 def as_array(x, what: str = "tensor", writable: bool = True) -> np.ndarray:
@@ -55,6 +55,7 @@ def _torch_view(t, what: str) -> np.ndarray:
     if t.requires_grad:
         t = t.detach()
     if t.dtype is torch.bfloat16:
+        bfloat16 = load_bfloat16()
         if bfloat16 is None:
             raise TypeError("bfloat16 tensors need the ml_dtypes package (pip install ml_dtypes)")
         return t.view(torch.int16).numpy().view(bfloat16)

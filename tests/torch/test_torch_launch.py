@@ -71,10 +71,12 @@ def test_the_autoload_is_what_registers_it(tmp_path):
 
 
 def test_without_a_store_client_the_error_says_what_to_install(monkeypatch):
+    import importlib.metadata
+
     from allreduce.errors import RendezvousError
     from allreduce.rendezvous import from_environment, schemes
 
-    monkeypatch.setattr(schemes, "entry_points", lambda group: [])
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
     launch = from_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
                                "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"})
     assert (launch.agent_store, launch.restart) == (True, 2)

@@ -84,7 +84,7 @@ class BenchOptions:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters} and {self.warmup}")
         if not self.algorithms:
             raise ValueError("no algorithm given; use auto, all, or names such as ring,tree")
-        dtype = np.dtype(self.dtype)
+        dtype = dtypes.resolve(self.dtype)
         dtypes.code_of(dtype)  # TypeError for a dtype collectives cannot carry
         op = ReduceOp[self.op.upper()] if isinstance(self.op, str) else ReduceOp(self.op)
         if any(collectives.get(c).reduces for c in self.collectives):

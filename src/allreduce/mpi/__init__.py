@@ -53,6 +53,10 @@ _UNSUPPORTED = {  # module attributes of MPI features this library does not offe
 
 
 def __getattr__(name: str):
+    if name == "BFLOAT16_T":  # made on first use (see .datatypes)
+        from .datatypes import BFLOAT16_T
+
+        return BFLOAT16_T
     if name in _UNSUPPORTED:
         raise NotImplementedError(f"{_UNSUPPORTED[name]} is not supported by allreduce.MPI")
     raise AttributeError(f"module 'allreduce.MPI' has no attribute {name!r}")

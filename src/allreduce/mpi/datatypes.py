@@ -10,11 +10,11 @@ named types laid out as C's ``struct {value; int}``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
-from ..dtypes import bfloat16
+from ..dtypes import load_bfloat16
 from .constructors import (  # noqa: F401 - MPI's combiner names are module attributes
     COMBINER_CONTIGUOUS, COMBINER_DARRAY, COMBINER_DUP, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER,
     COMBINER_F90_REAL, COMBINER_HINDEXED, COMBINER_HINDEXED_BLOCK, COMBINER_HVECTOR, COMBINER_INDEXED,
@@ -288,6 +288,8 @@ _NAMED: dict[str, Datatype] = {}
 
 
 def _named(name: str) -> Datatype:
+    if name == "MPI_BFLOAT16_T":
+        _bfloat16_t()
     return _NAMED[name]
 
 
@@ -349,13 +351,25 @@ LOGICAL1, LOGICAL2, LOGICAL4, LOGICAL8 = (_predefined(f"LOGICAL{n}", f"i{n}") fo
 INTEGER1, INTEGER2, INTEGER4, INTEGER8 = (_predefined(f"INTEGER{n}", f"i{n}") for n in (1, 2, 4, 8))
 REAL2, REAL4, REAL8 = (_predefined(f"REAL{n}", f"f{n}") for n in (2, 4, 8))
 COMPLEX8, COMPLEX16 = (_predefined(f"COMPLEX{n}", f"c{n}") for n in (8, 16))
-BFLOAT16_T = _predefined("BFLOAT16_T", bfloat16)
 LONG_DOUBLE = _predefined("LONG_DOUBLE", np.longdouble)
 C_LONG_DOUBLE_COMPLEX = LONG_DOUBLE_COMPLEX = _predefined("C_LONG_DOUBLE_COMPLEX", np.clongdouble)
 CXX_LONG_DOUBLE_COMPLEX = _predefined("CXX_LONG_DOUBLE_COMPLEX", np.clongdouble)
 # the collectives carry none of these: DATATYPE_NULL, as in mpi4py on an MPI without them
 REAL16 = COMPLEX4 = COMPLEX32 = INTEGER16 = LOGICAL16 = DATATYPE_NULL
 UB = LB = DATATYPE_NULL
+
+
+@cache
+def _bfloat16_t() -> Datatype:
+    """``BFLOAT16_T``, made on first use: its dtype comes from ``ml_dtypes``, slow to import (``..dtypes``)."""
+    return _predefined("BFLOAT16_T", load_bfloat16())
+
+
+def __getattr__(name: str) -> Datatype:
+    if name == "BFLOAT16_T":
+        return _bfloat16_t()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _PAIRS: list[tuple[Datatype, Datatype]] = []  # (a pair type, the type of its value)
 

@@ -25,6 +25,7 @@ import functools
 import numpy as np
 
 from .. import algorithms, collectives
+from ..dtypes import resolve
 from ..algorithms import lines as line_schedules
 from ..algorithms.lines import LineLimits
 from . import costmodel
@@ -55,7 +56,7 @@ def choose(collective: str, requested: str | None, nbytes: int, size: int, *, ho
     Raises:
         ValueError: an unknown algorithm name (listing the choices), or an unreadable cost profile.
     """
-    name, dtype = requested or "auto", np.dtype(dtype or np.float32)
+    name, dtype = requested or "auto", resolve(dtype or np.float32)
     allowed = algorithms.in_rank_order(collective, size) if in_rank_order else algorithms.names(collective)
     if name != "auto":
         algorithms.get(collective, name)  # raises with the list of names

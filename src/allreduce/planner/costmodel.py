@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import algorithms, collectives
+from ..dtypes import resolve
 from ..model import traffic
 from ..model.network import Link, Network
 
@@ -170,7 +171,7 @@ def from_json(data: dict, source: str = "") -> Profile:
             links[transport, scope] = Link(float(fields["alpha"]), float(fields["beta"]),
                                            float(fields.get("duplex", 1.0)), float(fields.get("step", 0.0)),
                                            float(fields.get("crowded", 1.0)))
-    gamma = {str(np.dtype(name)): float(value) for name, value in data.get("gamma", {}).items()}
+    gamma = {str(resolve(name)): float(value) for name, value in data.get("gamma", {}).items()}
     cores = data.get("cores")
     profile = DEFAULT.updated(links, gamma, data.get("copy"), data.get("machine", ""),
                               None if cores is None else int(cores))

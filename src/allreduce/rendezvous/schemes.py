@@ -18,7 +18,6 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from ..errors import RendezvousError
@@ -101,6 +100,8 @@ def agent_store(launch: LaunchInfo, timeout: float) -> Store:
     Raises:
         RendezvousError: no client can be loaded (torch is not installed); the message says what to install.
     """
+    from importlib.metadata import entry_points  # here: it imports email, zipfile... which ranks rarely need
+
     failures = []
     for plugin in entry_points(group=AGENT_STORES):
         try:

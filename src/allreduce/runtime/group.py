@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..dtypes import resolve
 from ..errors import AllreduceError, Interrupted, Mismatch, Revoked
 from ..ops import ReduceOp
 from ..p2p import Messenger, P2PWork
@@ -211,7 +212,7 @@ class ProcessGroup:
                      root: int = 0) -> str:
         """The algorithm an automatic call of this shape runs: the one its planned call names (what
         ``allreduce bench`` reports as ``auto:NAME``, and errors and logs name)."""
-        return self._choice.planned(collective, None, count, np.dtype(dtype), op, root).call.algorithm
+        return self._choice.planned(collective, None, count, resolve(dtype), op, root).call.algorithm
 
     def point_to_point(self, buffer: np.ndarray | None, peer: int | None, tag: int | None, sending: bool,
                        exact: bool = True) -> P2PWork:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import resolve
 from ..errors import exhausted
 
 PAGE = mmap.PAGESIZE
@@ -108,7 +109,7 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
         x[:] = rank
         allreduce.all_reduce(x)
     """
-    dtype = np.dtype(dtype)
+    dtype = resolve(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"negative dimensions are not allowed: {shape}")
