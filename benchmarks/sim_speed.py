@@ -7,6 +7,7 @@ The goals: under 10 seconds for each algorithm at 16384 ranks, under 60 for the 
 for the lines at 65536 ranks. The table gives the wall time and the process's CPU time (the wall
 time on a busy machine is the CPU time stretched by the load), the predicted time and how the
 prediction was made (full run, a cell of rotation-invariant ranks, or an extrapolated pipeline).
+Algorithms that cannot run across the hosts (the shared-memory lines) are listed as refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from allreduce import algorithms
 from allreduce.cli.bench import parse_size
 from allreduce.planner import costmodel
-from allreduce.sim import simulate
+from allreduce.sim import refusal, simulate
 
 GOAL_S = 10.0  # per algorithm at -n ranks
 BIG_GOAL_S = 30.0  # per line at --big-n ranks
@@ -41,6 +42,9 @@ def main() -> int:
     print(f"#{'algorithm':>19}{'ranks':>7}{'hosts':>7}{'wall(s)':>9}{'cpu(s)':>8}{'predicted(ms)':>15}  method")
     slow, table = 0, 0.0
     for name, n, hosts, goal in cases:
+        if (why := refusal("all_reduce", name, hosts)) is not None:  # the lines across hosts: not priced
+            print(f"{name:>20}{n:>7}{hosts:>7}  refused: {why}")
+            continue
         started, cpu = time.perf_counter(), time.process_time()
         result = simulate("all_reduce", name, args.size, n, profile.network(hosts))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu

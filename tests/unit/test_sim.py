@@ -191,10 +191,12 @@ def test_a_cell_times_like_the_whole_world(entry, n, hosts):
 
 
 PIPELINES = [(a.collective, a.name) for a in algorithms.ALGORITHMS if "chunk" in a.options]
+ON_LINES = [(a.collective, a.name) for a in algorithms.ALGORITHMS if a.medium == "lines"]
 
 
-@pytest.mark.parametrize("collective, name", PIPELINES)
-@pytest.mark.parametrize("n, hosts", [(2, 1), (5, 1), (8, 2), (13, 1)])
+@pytest.mark.parametrize("collective, name, n, hosts",
+                         [(*entry, n, hosts) for entry in PIPELINES for n, hosts in [(2, 1), (5, 1), (8, 2), (13, 1)]
+                          if hosts == 1 or entry not in ON_LINES])
 @pytest.mark.parametrize("chunks", [50, 80, 200])
 def test_long_pipelines_extrapolate_exactly(collective, name, n, hosts, chunks):
     chunk = 50
@@ -224,10 +226,45 @@ def test_tiny_rings_round_their_count_up():
     assert result.time == pytest.approx(30 * (A + 4 * B) + 15 * 4 * G)
 
 
-@pytest.mark.parametrize("name", algorithms.names("all_reduce"))
+@pytest.mark.parametrize("name", algorithms.anywhere("all_reduce", algorithms.names("all_reduce")))
 def test_every_all_reduce_runs_on_1024_ranks(name):
     result = simulate("all_reduce", name, 1 << 20, 1024, net(1.5, hosts=128))
     assert result.time > 0 and result.steps > 0
+
+
+@pytest.mark.parametrize("collective, name", ON_LINES)
+def test_the_lines_across_hosts_are_refused_with_the_reason(collective, name):
+    """The shared-memory lines are one host's: across hosts they are refused, never priced."""
+    with pytest.raises(ValueError, match=f"{name}' runs on the shared-memory lines.*cannot run across 2 hosts"):
+        simulate(collective, name, 1 << 20, 8, net(hosts=2))
+    assert simulate(collective, name, 1 << 20, 8, net()).time > 0  # on one host they run
+
+
+def test_the_simulate_command_refuses_the_lines_across_hosts(capsys):
+    assert cli.main(["simulate", "--size", "1MiB", "-n", "16", "--hosts", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0] for line in out.splitlines() if not line.startswith("#")}
+    assert "ring" in rows and not rows & {"lines", "chunked_lines"}
+    assert "# chunked_lines refused: all_reduce algorithm 'chunked_lines' runs on the shared-memory lines" in out
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--algo", "lines", "-n", "16", "--hosts", "2"])
+    assert "cannot run across 2 hosts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunk", [64, 100])  # pieces of a chunk equal on every rank, and not
+def test_chunked_lines_are_timed_on_a_cell(chunk):
+    network = net(1.4)
+    cell = traffic.extract("all_reduce", "chunked_lines", 16, 7 * chunk + 20, 4, chunk=chunk)
+    full = traffic.extract("all_reduce", "chunked_lines", 16, 7 * chunk + 20, 4, full=True, chunk=chunk)
+    assert cell.ranks == 1 and cell.steps == full.steps == 16
+    assert timing.run(cell, network).max() == pytest.approx(timing.run(full, network).max(), rel=1e-12)
+
+
+def test_chunked_lines_traffic_grows_linearly_in_ranks_times_chunks():
+    """One rank's schedule, and the messages read from it, per rank and chunk: twice the ranks, twice the rows."""
+    rows = {n: len(traffic.extract("all_reduce", "chunked_lines", n, 48 * 64 * n, 4, chunk=64 * n).src)
+            for n in (64, 128)}
+    assert rows == {64: 48 * 2 * 63, 128: 48 * 2 * 127}
 
 
 def test_sweep_finds_the_crossover_between_latency_and_bandwidth_algorithms():

@@ -44,8 +44,9 @@ class Algorithm:
     cost: Callable[..., float] | None  # cost(n, m, alpha, beta, gamma); None: no formula, never chosen by auto
     options: Mapping[str, Any] = field(default_factory=dict)  # option -> default; "chunk": elements per chunk
     needs: tuple[str, ...] = ()  # options the caller must supply from the group: "hosts" (each host's ranks)
-    shift_invariant: bool = False  # with its default options, every rank is rank 0 rotated: the simulator times a cell
-    one_chunk_per_rank: bool = False  # cuts ``count`` into one chunk per rank (a cell rounds it up)
+    # with its default options (any chunk), every rank is rank 0 rotated: the simulator times a cell
+    shift_invariant: bool = False
+    one_chunk_per_rank: bool = False  # cuts ``count`` (each chunk of it) into one piece per rank (a cell rounds it up)
     in_rank_order: bool = False  # reduces every element as the left fold over ranks in rank order, at any size
     # "any": runs on every transport; "lines": a protocol of the shared-memory lines (``lines.py``), which auto
     # picks only where the group's transport has them (``planner.choose(lines=...)``); named, it runs anywhere
@@ -121,7 +122,8 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("all_gather", "lines", direct.all_gather, lines.all_gather_cost, shift_invariant=True, medium="lines"),
     Algorithm("barrier", "lines", lines.barrier, lines.barrier_cost, shift_invariant=True, medium="lines"),
     Algorithm("all_reduce", "chunked_lines", lines.chunked_all_reduce, lines.chunked_cost,
-              {"chunk": lines.DEFAULT_CHUNK}, in_rank_order=True, medium="lines"),
+              {"chunk": lines.DEFAULT_CHUNK}, shift_invariant=True, one_chunk_per_rank=True, in_rank_order=True,
+              medium="lines"),
     Algorithm("reduce", "chunked_lines", lines.chunked_reduce, lines.chunked_cost, {"chunk": lines.DEFAULT_CHUNK},
               in_rank_order=True, medium="lines"),
 )

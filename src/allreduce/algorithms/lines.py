@@ -26,13 +26,12 @@ cost profile's ``lines`` link, whose alpha is a round, not the frame transports'
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from . import ordered
-from .schedule import Recv, Region, Schedule, Send, check_call, without_empty
+from .schedule import Copy, Recv, Region, Schedule, Send, check_call, without_empty
 
 LINE_BYTES = 1 << 20  # a line's payload in chunks: ShmOptions.line_chunk's default
 DEFAULT_CHUNK = LINE_BYTES // 4  # elements per chunk: a line of float32
@@ -116,16 +115,29 @@ def _chunked(per_chunk, rank: int, size: int, count: int, root: int, chunk: int)
     steps, tmp = [], 0
     for low in range(0, count, chunk):
         schedule = per_chunk(rank, size, min(chunk, count - low), root=root)
-        steps += [tuple(_moved(op, low) for op in step) for step in schedule.steps]
+        regions: dict[Region, Region] = {}  # each region of the chunk moved once, however many ops name it
+        steps += [tuple(_moved(op, low, regions) for op in step) for step in schedule.steps]
         tmp = max(tmp, schedule.tmp)
     return Schedule(tuple(steps), tmp=tmp)
 
 
-def _moved(op, by: int):
-    """``op`` with its regions of ``data`` moved ``by`` elements on (scratch stays where it is)."""
-    moved = {name: Region("data", r.start + by, r.stop + by) for name in ("src", "dst", "reduce")
-             if (r := getattr(op, name, None)) is not None and r.buf == "data"}
-    return dataclasses.replace(op, **moved) if by and moved else op
+def _moved(op, by: int, regions: dict[Region, Region]):
+    """``op`` with its regions of ``data`` moved ``by`` elements on (scratch stays where it is);
+    ``regions`` remembers the regions already moved, so that ops naming one share its move."""
+    def move(r: Region) -> Region:
+        if r.buf != "data":
+            return r
+        if (into := regions.get(r)) is None:
+            into = regions[r] = Region("data", r.start + by, r.stop + by)
+        return into
+
+    if not by:
+        return op
+    if type(op) is Send:
+        return Send(op.peer, move(op.src))
+    if type(op) is Recv:
+        return Recv(op.peer, move(op.dst), op.reduce and move(op.reduce))
+    return Copy(move(op.src), move(op.dst), op.reduce and move(op.reduce))
 
 
 @lru_cache(maxsize=1024)

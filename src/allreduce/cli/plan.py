@@ -14,7 +14,7 @@ import numpy as np
 from .. import algorithms, collectives, dtypes, planner
 from ..planner import costmodel
 from ..settings import Settings
-from ..sim import simulate
+from ..sim import refusal, simulate
 from ..sim.sweep import format_bytes
 
 from . import launcher
@@ -75,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
                  else f"{'no formula':>15}{'-':>13}")
         if args.simulate:
             options = planner.options(name, itemsize, limits)
-            cells += f"{simulate(coll, name, args.size, n, on, itemsize=itemsize, **options).time * 1e6:>15.1f}"
+            cells += (f"{'refused':>15}" if refusal(coll, name, args.hosts) is not None else
+                      f"{simulate(coll, name, args.size, n, on, itemsize=itemsize, **options).time * 1e6:>15.1f}")
         print(f"{name:>20}{cells}")
     settings = Settings.from_env()
     ordered = (args.deterministic or settings.deterministic == "1") and collectives.get(coll).reduces and n > 2

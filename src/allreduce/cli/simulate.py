@@ -17,7 +17,7 @@ from .. import algorithms, dtypes, planner
 from ..model.network import Network
 from ..planner import costmodel
 from ..settings import Settings
-from ..sim import simulate
+from ..sim import refusal, simulate
 from ..sim.sweep import crossovers, fastest, format_bytes, plot, sweep
 from ..trace import Trace
 from ..transport.shm.options import ShmOptions
@@ -128,6 +128,10 @@ def main(args: argparse.Namespace) -> int:
             algorithms.get(args.collective, name)
         network = network_from_args(args)
         network.ranks_per_host(args.nranks)
+        refused = {name: why for name in names if (why := refusal(args.collective, name, args.hosts)) is not None}
+        if len(refused) == len(names):
+            raise ValueError("; ".join(refused.values()))
+        names = [name for name in names if name not in refused]
         networks = {name: network_from_args(args, transport) for name in names
                     if (transport := costmodel.transport_for(args.collective, name, args.hosts, "tcp")) != "tcp"}
         limits = line_limits()
@@ -144,6 +148,8 @@ def main(args: argparse.Namespace) -> int:
           f"inter alpha {network.inter.alpha * 1e6:.1f} us "
           f"beta {network.inter.beta * 1e9:.3f} ns/B; gamma {network.gamma * 1e9:.3f} ns/B; "
           f"{network.cores or 'unlimited'} cores per host (local work x{network.stretch(args.nranks):g})")
+    for name, why in refused.items():
+        print(f"# {name} refused: {why}")
     if args.sweep:
         return _sweep(args, names, network, itemsize, networks)
     trace = Trace(source="allreduce simulate", collective=args.collective, algorithm=names[0],

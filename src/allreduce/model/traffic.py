@@ -11,9 +11,11 @@ blocks of ``L`` ranks, so rank ``r`` and rank ``r + L`` do the same things at th
 them only a *cell* of ``P`` ranks is built (``P = L``, or 1 on a single host) and every rank ``p``
 outside it stands for rank ``p mod P``: its times are the same. Messages are read on the receiving
 side, where the cell rank is real, so each message is counted once. The ranks are alike only when
-their chunks are, so an entry marked ``one_chunk_per_rank`` is timed with the count rounded up to a
-multiple of the world size (fewer than ``n`` extra elements: it matters only for tiny messages, whose
-time is latency). ``tests/unit/test_sim.py`` checks the cell against the full run.
+their chunks are, so an entry marked ``one_chunk_per_rank`` is timed with the count (a pipeline's
+chunk, and each of its chunks) rounded up to a multiple of the world size (fewer than ``n`` extra
+elements a chunk: it matters only for tiny messages, whose time is latency; and as the slowest rank's
+piece is the rounded one, the finish is often the same). ``tests/unit/test_sim.py`` checks the cell
+against the full run.
 
 Each step is also checked: the sends and the receives must move the same number of elements per
 sender and direction, so a schedule whose two sides disagree fails here instead of being timed.
@@ -79,8 +81,8 @@ class Traffic:
 
 def cell_size(entry: Algorithm, size: int, hosts: int, options: dict) -> int:
     """Ranks that must be simulated: ``size``, or fewer for a ``shift_invariant`` entry run with its
-    default options (what it ``needs`` excepted, which :func:`extract` fills in)."""
-    if not entry.shift_invariant or options.keys() - set(entry.needs):
+    default options (what it ``needs`` excepted, which :func:`extract` fills in, and any ``chunk``)."""
+    if not entry.shift_invariant or options.keys() - {*entry.needs, "chunk"}:
         return size
     return size // hosts if hosts > 1 else 1
 
@@ -117,12 +119,24 @@ def extract(collective: str, name: str, size: int, count: int, itemsize: int, ho
         return from_trees(entry.trees(size, count, root=root, **{**entry.options, **options}), size, itemsize, hosts)
     cell = size if full else cell_size(entry, size, hosts, options)
     if cell < size and entry.one_chunk_per_rank:
-        count = -(-count // size) * size
+        count, options = _whole_pieces(entry, size, count, options)
     schedules = [entry(rank, size, count, root=root, **options) for rank in range(cell)]
     try:
         return from_schedules(schedules, size, itemsize, hosts)
     except ScheduleError as exc:
         raise ScheduleError(f"{collective}/{name} on {size} ranks, count {count}: {exc}") from None
+
+
+def _whole_pieces(entry: Algorithm, size: int, count: int, options: dict) -> tuple[int, dict]:
+    """``count`` and the options with every chunk (the one of ``count``, or each of a pipeline's and its
+    ``chunk``) rounded up to a multiple of ``size``, so that the ranks' pieces of each are alike."""
+    def up(elements: int) -> int:
+        return -(-elements // size) * size
+
+    if "chunk" not in entry.options:
+        return up(count), options
+    chunk = options.get("chunk", entry.options["chunk"])
+    return count // chunk * up(chunk) + up(count % chunk), {**options, "chunk": up(chunk)}
 
 
 def from_schedules(schedules: list, size: int, itemsize: int, hosts: int = 1) -> Traffic:

@@ -8,6 +8,9 @@ thread, so any world size can be predicted on a laptop: algorithms that are the 
 to a rotation are run on one host's worth of ranks (a *cell*), and pipelines of many chunks are run at
 two shorter lengths and extended along the straight line their time follows once the pipeline is full.
 ``tests/unit/test_sim.py`` checks both abridgements against the full step-by-step run.
+
+An algorithm that cannot run on the layout is refused (:func:`refusal`), never priced: the
+shared-memory lines join the ranks of one host, so they have no time on several.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..model.network import Link, Network
 from ..trace import Trace
 from . import timing
 
-__all__ = ["Link", "Network", "Result", "simulate"]
+__all__ = ["Link", "Network", "Result", "refusal", "simulate"]
 
 PIPELINE_EXACT = 48  # pipelines of more chunks than this are extrapolated
 _SHORT = (32, 48)  # the two chunk counts the extrapolation runs
@@ -72,8 +75,8 @@ def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: N
         A :class:`Result`.
 
     Raises:
-        ValueError, TypeError: unknown collective, algorithm or option, bad sizes, or hosts that do not
-            divide ``size``.
+        ValueError, TypeError: unknown collective, algorithm or option, bad sizes, hosts that do not
+            divide ``size``, or an algorithm that cannot run on them (:func:`refusal`).
 
     Example: ``simulate("all_reduce", "ring", 2**20, 4, Network(Link(1e-5, 1e-9), Link(1e-5, 1e-9))).time``
     is about ``6e-5 + 1.5 * 2**20 * 1e-9`` seconds.
@@ -81,6 +84,8 @@ def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: N
     if size < 1:
         raise ValueError(f"world size must be at least 1, got {size}")
     network.ranks_per_host(size)
+    if (why := refusal(collective, algorithm, network.hosts)) is not None:
+        raise ValueError(why)
     facts = collectives.get(collective)
     count = facts.count_for(nbytes, size, itemsize)
     whole = facts.whole(count, size) * itemsize
@@ -100,6 +105,19 @@ def simulate(collective: str, algorithm: str, nbytes: int, size: int, network: N
 
     return Result(collective, algorithm, size, whole, count, extend(t1.time, t2.time),
                   round(extend(t1.steps, t2.steps)), round(extend(t1.messages, t2.messages)), "extrapolated")
+
+
+def refusal(collective: str, algorithm: str, hosts: int) -> str | None:
+    """Why ``algorithm`` cannot run on ``hosts`` hosts, or ``None`` where it can: the shared-memory lines
+    (``medium="lines"``) are one host's; across hosts there are none to run on.
+
+    Raises:
+        ValueError: unknown collective or algorithm.
+    """
+    if hosts > 1 and get(collective, algorithm).medium == "lines":
+        return (f"{collective} algorithm {algorithm!r} runs on the shared-memory lines, which join the ranks of "
+                f"one host: it cannot run across {hosts} hosts")
+    return None
 
 
 @dataclass(frozen=True)
