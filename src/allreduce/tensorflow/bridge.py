@@ -3,13 +3,15 @@
 Eagerly, the function runs at once on the tensors' numpy values. Inside a ``tf.function`` it becomes
 one ``tf.numpy_function`` op, marked stateful: TensorFlow's automatic control dependencies then run
 the stateful ops of a function in the order the program created them, so every rank issues its
-collectives in program order although independent ops may otherwise run in any order. Under
+collectives in program order although independent ops may otherwise run in any order. A collective's
+gradient is registered with ``tf.custom_gradient`` where a tape may record (:func:`differentiable`). Under
 ``jit_compile=True`` XLA cannot call back into Python, so that is refused when the function is traced.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
@@ -31,6 +33,16 @@ def call(fn, inputs, dtypes, shapes, name: str):
     return outs
 
 
-def numpy_dtype(dtype: tf.DType):
-    """The numpy dtype a tensor of ``dtype`` has as ``.numpy()`` (bfloat16: ml_dtypes')."""
-    return dtype.as_numpy_dtype
+def differentiable(forward, grad, inputs):
+    """``forward(*inputs)``, whose gradient is ``grad(outputs, *output gradients)``; eagerly with no
+    gradient tape that could record, ``forward`` alone (``tf.custom_gradient`` costs more than a
+    small collective)."""
+    if tf.executing_eagerly() and not record.could_possibly_record():
+        return forward(*inputs)
+
+    @tf.custom_gradient
+    def recorded(*xs):
+        outs = forward(*xs)
+        return outs, lambda *dys: grad(outs, *dys)
+
+    return recorded(*inputs)

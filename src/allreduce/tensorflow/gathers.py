@@ -54,19 +54,17 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
         raise ValueError("allgather takes tensors of at least one dimension (it concatenates dim 0)")
     group = world()
 
-    @tf.custom_gradient
-    def gather(x):
-        out, rows = bridge.call(lambda a: _gathered(a, group), [x], [x.dtype, tf.int64],
-                                [[None] + x.shape[1:].as_list(), [group.size]], "allgather")
+    def forward(x):
+        return tuple(bridge.call(lambda a: _gathered(a, group), [x], [x.dtype, tf.int64],
+                                 [[None] + x.shape[1:].as_list(), [group.size]], "allgather"))
 
-        def grad(dy, _):
-            summed = grouped_dense([dy], Sum, 1.0, 1.0, Compression.none)[0]
-            start = tf.reduce_sum(rows[:group.rank])
-            return summed[start:start + rows[group.rank]]
+    def grad(outs, dy, _):
+        rows = outs[1]
+        summed = grouped_dense([dy], Sum, 1.0, 1.0, Compression.none)[0]
+        start = tf.reduce_sum(rows[:group.rank])
+        return summed[start:start + rows[group.rank]]
 
-        return (out, rows), grad
-
-    return gather(tensor)[0]
+    return bridge.differentiable(forward, grad, [tensor])[0]
 
 
 def _broadcast_arrays(arrays, root: int, group) -> list[np.ndarray]:
@@ -81,18 +79,15 @@ def _broadcast_group(tensors, root_rank: int) -> list:
     """``root_rank``'s ``tensors`` (one dtype) on every rank; differentiable."""
     group = world()
 
-    @tf.custom_gradient
-    def broadcast_(*xs):
-        outs = bridge.call(lambda *arrays: _broadcast_arrays(list(arrays), root_rank, group), xs,
+    def forward(*xs):
+        return bridge.call(lambda *arrays: _broadcast_arrays(list(arrays), root_rank, group), xs,
                            [x.dtype for x in xs], [x.shape for x in xs], "broadcast")
 
-        def grad(*dys):
-            summed = grouped_dense(list(dys), Sum, 1.0, 1.0, Compression.none)
-            return summed if group.rank == root_rank else [tf.zeros_like(d) for d in summed]
+    def grad(_, *dys):
+        summed = grouped_dense(list(dys), Sum, 1.0, 1.0, Compression.none)
+        return summed if group.rank == root_rank else [tf.zeros_like(d) for d in summed]
 
-        return outs, grad
-
-    return list(broadcast_(*tensors))
+    return list(bridge.differentiable(forward, grad, tensors))
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
@@ -148,17 +143,14 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         splits = tf.fill([group.size], share)
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
 
-    @tf.custom_gradient
-    def exchange(x):
-        out, received = bridge.call(lambda a, s: _exchanged(a, s, group), [x, splits], [x.dtype, tf.int64],
-                                    [[None] + x.shape[1:].as_list(), [group.size]], "alltoall")
+    def forward(x):
+        return tuple(bridge.call(lambda a, s: _exchanged(a, s, group), [x, splits], [x.dtype, tf.int64],
+                                 [[None] + x.shape[1:].as_list(), [group.size]], "alltoall"))
 
-        def grad(dy, _):
-            return alltoall(dy, splits=received)[0]
+    def grad(outs, dy, _):
+        return alltoall(dy, splits=outs[1])[0]
 
-        return (out, received), grad
-
-    return exchange(tensor)
+    return bridge.differentiable(forward, grad, [tensor])
 
 
 def _scattered(array: np.ndarray, op, prescale: float, postscale: float, group) -> np.ndarray:
@@ -193,18 +185,15 @@ def reducescatter(tensor, op=Average, name=None, ignore_name_scope=False, proces
     group = world()
     reduce_op = ReduceOp.AVG if op is Average else ReduceOp.SUM
 
-    @tf.custom_gradient
-    def scatter(x):
-        out = bridge.call(lambda a: [_scattered(a, reduce_op, prescale_factor, postscale_factor, group)], [x],
-                          [x.dtype], [[None] + x.shape[1:].as_list()], "reducescatter")[0]
+    def forward(x):
+        return bridge.call(lambda a: [_scattered(a, reduce_op, prescale_factor, postscale_factor, group)], [x],
+                           [x.dtype], [[None] + x.shape[1:].as_list()], "reducescatter")[0]
 
-        def grad(dy):
-            gathered = allgather(dy)
-            return gathered / tf.cast(group.size, dy.dtype) if op is Average else gathered
+    def grad(_, dy):
+        gathered = allgather(dy)
+        return gathered / tf.cast(group.size, dy.dtype) if op is Average else gathered
 
-        return out, grad
-
-    return scatter(tensor)
+    return bridge.differentiable(forward, grad, [tensor])
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):

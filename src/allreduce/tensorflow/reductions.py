@@ -95,27 +95,28 @@ def reduce_arrays(arrays, op, prescale: float, postscale: float, compressor, gro
     """Each of ``arrays`` (one dtype) reduced over ``group``, in one fused buffer."""
     if not arrays:
         return []
-    flat = np.concatenate([np.ravel(a) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0]).reshape(-1)
-    flat = reduce_flat(_scaled(flat, prescale), op, compressor, group)
-    flat = _scaled(flat, postscale)
+    fused = len(arrays) > 1
+    flat = np.concatenate([np.ravel(a) for a in arrays]) if fused else np.array(arrays[0]).reshape(-1)
+    flat = _scaled(reduce_flat(_scaled(flat, prescale), op, compressor, group), postscale)
+    if not fused:
+        return [flat.reshape(arrays[0].shape)]
     bounds = np.cumsum([a.size for a in arrays])[:-1]
     return [part.reshape(a.shape) for part, a in zip(np.split(flat, bounds), arrays)]
 
 
 def grouped_dense(tensors, op, prescale, postscale, compression):
     """``tensors`` (dense, one dtype) reduced in one fused message; differentiable for Sum and Average."""
+    if not tensors:
+        return []
     group = world()
 
-    @tf.custom_gradient
-    def reduce(*xs):
-        outs = bridge.call(lambda *arrays: reduce_arrays(arrays, op, prescale, postscale, compression, group),
+    def forward(*xs):
+        return bridge.call(lambda *arrays: reduce_arrays(arrays, op, prescale, postscale, compression, group),
                            xs, [x.dtype for x in xs], [x.shape for x in xs], "allreduce")
 
-        def grad(*dys):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"the gradient of an allreduce is defined for Sum and Average, not {op!r}")
-            return grouped_dense(list(dys), op, prescale, postscale, compression)
+    def grad(_, *dys):
+        if op not in (Sum, Average):
+            raise NotImplementedError(f"the gradient of an allreduce is defined for Sum and Average, not {op!r}")
+        return grouped_dense(list(dys), op, prescale, postscale, compression)
 
-        return outs, grad
-
-    return list(reduce(*tensors)) if tensors else []
+    return list(bridge.differentiable(forward, grad, tensors))
