@@ -37,6 +37,22 @@ def _batches(call, calls: int, per_call: int = 1) -> list[float]:
     return out
 
 
+def _kinds(nbytes: int, tf, hvd, allreduce) -> dict:
+    """The calls to time for ``nbytes``: name -> (call, all-reduces per call)."""
+    array = np.ones(nbytes // 4, np.float32)
+    tensor = tf.constant(array)
+
+    @tf.function
+    def step(x):
+        for _ in range(CALLS_PER_STEP):
+            x = hvd.allreduce(x, op=hvd.Sum) * 0.5
+        return x
+
+    return {"numpy": (lambda: allreduce.all_reduce(array), 1),
+            "eager": (lambda: hvd.allreduce(tensor, op=hvd.Sum), 1),
+            "tf.function": (lambda: step(tensor), CALLS_PER_STEP)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, nargs="+", default=[8])
@@ -50,20 +66,8 @@ def main() -> None:
     import allreduce.tensorflow as hvd
 
     hvd.init()
-    print_rank = hvd.rank() == 0
     for nbytes in args.bytes:
-        array = np.ones(nbytes // 4, np.float32)
-        tensor = tf.constant(array)
-
-        @tf.function
-        def step(x):
-            for _ in range(CALLS_PER_STEP):
-                x = hvd.allreduce(x, op=hvd.Sum) * 0.5
-            return x
-
-        kinds = {"numpy": (lambda: allreduce.all_reduce(array), 1),
-                 "eager": (lambda: hvd.allreduce(tensor, op=hvd.Sum), 1),
-                 "tf.function": (lambda: step(tensor), CALLS_PER_STEP)}
+        kinds = _kinds(nbytes, tf, hvd, allreduce)
         for call, _ in kinds.values():  # warm up: trace the function, plan the shape
             for _ in range(20):
                 call()
@@ -71,7 +75,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for kind, (call, per_call) in kinds.items():
                 times[kind] += _batches(call, args.calls // args.rounds, per_call)
-        if print_rank:
+        if hvd.rank() == 0:
             print(f"{nbytes} bytes, {hvd.size()} ranks: microseconds per all-reduce (median, 90th percentile of "
                   "batch means)")
             for kind, got in times.items():

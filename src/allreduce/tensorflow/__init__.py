@@ -18,8 +18,8 @@ except ImportError as exc:
 
 from .basics import (
     Average, HorovodInternalError, Max, Min, Product, Sum, cross_rank, cross_size, cuda_built, gloo_built,
-    gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, rocm_built, shutdown, size,
+    gloo_enabled, global_process_set, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
 )
 from .compression import Compression
 from . import mpi_ops
@@ -28,7 +28,7 @@ from .tape import DistributedGradientTape
 
 __all__ = [
     "Average", "Compression", "DistributedGradientTape", "HorovodInternalError", "Max", "Min", "Product", "Sum",
-    "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init", "is_initialized", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
-    "shutdown", "size",
+    "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "global_process_set", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "rank", "rocm_built", "shutdown", "size",
 ] + mpi_ops.__all__

@@ -60,12 +60,24 @@ def is_initialized() -> bool:
     return _State.world is not None
 
 
-def world():
-    """The group of every rank.
+class _GlobalProcessSet:
+    """Horovod's ``hvd.global_process_set``: every rank (the only process set here)."""
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def world(process_set=None):
+    """The group of every rank (``process_set``: ``None`` or :data:`global_process_set`).
 
     Raises:
-        ValueError: :func:`init` has not been called.
+        ValueError: :func:`init` has not been called. NotImplementedError: another process set.
     """
+    if process_set not in (None, global_process_set):
+        raise NotImplementedError(f"allreduce.tensorflow runs on the global process set only, got {process_set!r}")
     if _State.world is None:
         raise ValueError("Horovod has not been initialized; use hvd.init()")
     return _State.world

@@ -52,7 +52,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("allgather takes tensors of at least one dimension (it concatenates dim 0)")
-    group = world()
+    group = world(process_set)
 
     def forward(x):
         return tuple(bridge.call(lambda a: _gathered(a, group), [x], [x.dtype, tf.int64],
@@ -97,12 +97,14 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
         hvd.broadcast(tf.constant([rank]), root_rank=1)    # both: [1]
     """
+    world(process_set)
     return _broadcast_group([tf.convert_to_tensor(tensor)], root_rank)[0]
 
 
 def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     """Assign ``root_rank``'s values to ``variables`` on every rank (one broadcast per dtype); the
     assignments' ops (a ``tf.group``; nothing needed eagerly, where they are done)."""
+    world(process_set)
     by_dtype: dict = {}
     for v in variables:
         by_dtype.setdefault(v.dtype, []).append(v)
@@ -135,7 +137,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         InvalidArgumentError: dim 0 does not divide by the size and no ``splits`` were given.
     """
     tensor = tf.convert_to_tensor(tensor)
-    group = world()
+    group = world(process_set)
     if splits is None:
         share = tf.shape(tensor, out_type=tf.int64)[0] // group.size
         tf.debugging.assert_equal(share * group.size, tf.shape(tensor, out_type=tf.int64)[0],
@@ -182,7 +184,7 @@ def reducescatter(tensor, op=Average, name=None, ignore_name_scope=False, proces
     if op not in (Sum, Average):
         raise NotImplementedError(f"reducescatter supports Sum and Average, not {op!r}")
     tensor = tf.convert_to_tensor(tensor)
-    group = world()
+    group = world(process_set)
     reduce_op = ReduceOp.AVG if op is Average else ReduceOp.SUM
 
     def forward(x):
@@ -199,12 +201,12 @@ def reducescatter(tensor, op=Average, name=None, ignore_name_scope=False, proces
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """``root_rank``'s ``obj`` (any picklable object) on every rank (eager)."""
     holder = [obj]
-    broadcast_object_list(holder, src=root_rank, group=world())
+    broadcast_object_list(holder, src=root_rank, group=world(process_set))
     return holder[0]
 
 
 def allgather_object(obj, session=None, name=None, process_set=None) -> list:
     """Every rank's ``obj`` (any picklable object), in rank order (eager)."""
-    gathered: list = [None] * world().size
+    gathered: list = [None] * world(process_set).size
     all_gather_object(gathered, obj, group=world())
     return gathered

@@ -30,7 +30,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     Raises:
         ValueError: a bad ``op``. TypeError: mixed dtypes.
     """
-    op = resolve_op(op, average)
+    op, _ = resolve_op(op, average), world(process_set)
     tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if len({tensors[i].dtype for i in dense}) > 1:

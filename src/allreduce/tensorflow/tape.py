@@ -50,6 +50,7 @@ class DistributedGradientTape:
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
                  sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=None):
+        world(process_set)
         self._tape = gradtape
         self._options = dict(op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor,
                              sparse_as_dense=sparse_as_dense)

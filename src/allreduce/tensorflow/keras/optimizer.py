@@ -9,7 +9,7 @@ subclassed with an ``apply`` that first reduces the gradients across ranks (one 
 
 from __future__ import annotations
 
-from ..basics import Average
+from ..basics import Average, world
 from ..compression import Compression
 from ..tape import reduce_gradients
 
@@ -30,6 +30,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     if backward_passes_per_step != 1:
         raise NotImplementedError("backward_passes_per_step > 1 is not supported by allreduce.tensorflow.keras")
+    world(process_set)
     options = dict(op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor,
                    sparse_as_dense=sparse_as_dense)
     base = optimizer.__class__
