@@ -42,12 +42,13 @@ def fit(rank, size):
 
 
 def warmup(rank, size):
-    """The learning rate at each batch of a warmup over 2 epochs of 2 batches."""
+    """The learning rate at each batch of a warmup over 2 epochs of 2 batches, then half of it."""
     seen: list[float] = []
     record = keras.callbacks.LambdaCallback(
         on_batch_begin=lambda batch, logs: seen.append(float(m.optimizer.learning_rate.numpy())))
     m = model(0)
     x, y = data()
     trained(m, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), x[:8], y[:8], 4,
-            [hvd.callbacks.LearningRateWarmupCallback(0.4, warmup_epochs=2), record])
+            [hvd.callbacks.LearningRateWarmupCallback(0.4, warmup_epochs=2),
+             hvd.callbacks.LearningRateScheduleCallback(0.4, 0.5, start_epoch=2), record])
     return seen

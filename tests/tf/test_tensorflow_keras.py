@@ -28,8 +28,8 @@ def test_fit_on_two_ranks_equals_one_rank_on_the_full_batch(ranks):
     assert ranks[0]["fit"]["loss"] == ranks[1]["fit"]["loss"]  # averaged by MetricAverageCallback
 
 
-def test_learning_rate_warmup(ranks):
+def test_learning_rate_warmup_then_a_schedule(ranks):
     expected = [0.4 / SIZE * (epoch * (SIZE - 1) / 2 + 1) for epoch in (0, 0.5, 1, 1.5)]
-    expected += [0.4] * (len(ranks[0]["warmup"]) - len(expected))
+    expected += [0.4 * 0.5] * 2  # the schedule from epoch 2 on
     for result in ranks:
         np.testing.assert_allclose(result["warmup"], expected, rtol=1e-6)

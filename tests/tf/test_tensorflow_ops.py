@@ -16,7 +16,8 @@ from tf_ranks import values
 
 SIZE = 2
 SCENARIOS = [tf_ranks.basics, tf_ranks.reductions, tf_ranks.in_function, tf_ranks.gathers, tf_ranks.variables,
-             tf_ranks.gradients, tf_ranks.sparse, tf_ranks.xla, tf_ranks.tape_training]
+             tf_ranks.gradients, tf_ranks.sparse, tf_ranks.xla, tf_ranks.tape_training,
+             tf_ranks.partial_tape]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,10 @@ def test_gathers_scatters_and_objects(ranks):
         np.testing.assert_array_equal(got["received"], [splits[rank]] * SIZE)
         np.testing.assert_array_equal(got["reducescatter"], total[rank:rank + 1])
         np.testing.assert_array_equal(got["reducescatter_uneven"], np.full((2 - rank, 2), 1.5))
+        gathered = [np.full((r + 1, 2), r) for r in range(SIZE)]
+        np.testing.assert_array_equal(got["grouped_allgather"][0], np.concatenate(gathered))
+        np.testing.assert_array_equal(got["grouped_allgather"][1], np.concatenate([g[:1] * 2 for g in gathered]))
+        np.testing.assert_array_equal(got["grouped_reducescatter"][0], [[sum(range(SIZE))]])
         assert got["object"] == {"rank": 1} and got["objects"] == list(range(SIZE))
 
 
@@ -107,3 +112,9 @@ def test_gradient_tape_training_equals_full_batch(ranks):
         w -= 0.1 * 2 / 8 * data.T @ (data @ w - target)
     for _, got in every(ranks, "tape_training"):
         np.testing.assert_allclose(got, w, atol=1e-6)
+
+
+def test_partial_tape_keeps_local_gradients_local(ranks):
+    for rank, (shared, local) in every(ranks, "partial_tape"):
+        np.testing.assert_array_equal(shared, [sum(range(1, SIZE + 1)) / SIZE] * 2)
+        np.testing.assert_array_equal(local, [rank + 1.0])

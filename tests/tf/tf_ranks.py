@@ -3,6 +3,8 @@ result is numpy, compared with numpy references by the tests."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import tensorflow as tf
 
@@ -49,6 +51,8 @@ def gathers(rank, size):
             "alltoall": out.numpy(), "received": received.numpy(),
             "reducescatter": hvd.reducescatter(tf.constant(values(rank)), op=hvd.Sum).numpy(),
             "reducescatter_uneven": hvd.reducescatter(tf.ones([3, 2]) * (rank + 1)).numpy(),
+            "grouped_allgather": [t.numpy() for t in hvd.grouped_allgather([rows, rows[:1] * 2])],
+            "grouped_reducescatter": [t.numpy() for t in hvd.grouped_reducescatter([tf.ones([2, 1]) * rank], hvd.Sum)],
             "object": hvd.broadcast_object({"rank": rank}, root_rank=1), "objects": hvd.allgather_object(rank)}
 
 
@@ -110,3 +114,12 @@ def tape_training(rank, size):
     for _ in range(5):
         step(data[share], target[share])
     return w.numpy()
+
+
+def partial_tape(rank, size):
+    """The gradients of a shared and a rank-local variable through PartialDistributedGradientTape."""
+    shared, local = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared * (rank + 1.0)) + tf.reduce_sum(local * (rank + 1.0))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[SimpleNamespace(trainable_weights=[local])])
+    return [g.numpy() for g in tape.gradient(loss, [shared, local])]

@@ -24,10 +24,11 @@ from .basics import (
 from .compression import Compression
 from . import mpi_ops
 from .mpi_ops import *  # noqa: F403 (Horovod's operations: the names of mpi_ops.__all__)
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = [
-    "Average", "Compression", "DistributedGradientTape", "HorovodInternalError", "Max", "Min", "Product", "Sum",
+    "Average", "Compression", "DistributedGradientTape", "HorovodInternalError", "Max", "Min",
+    "PartialDistributedGradientTape", "Product", "Sum",
     "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "global_process_set", "init",
     "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "rank", "rocm_built", "shutdown", "size",

@@ -67,6 +67,11 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     return bridge.differentiable(forward, grad, [tensor])[0]
 
 
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None) -> list:
+    """:func:`allgather` of each of ``tensors`` (one all-gather each, in list order)."""
+    return [allgather(t, process_set=process_set) for t in tensors]
+
+
 def _broadcast_arrays(arrays, root: int, group) -> list[np.ndarray]:
     """``root``'s ``arrays`` (one dtype) on every rank, in one fused broadcast."""
     flat = np.concatenate([np.ravel(a) for a in arrays]) if arrays else np.empty(0)
@@ -196,6 +201,13 @@ def reducescatter(tensor, op=Average, name=None, ignore_name_scope=False, proces
         return gathered / tf.cast(group.size, dy.dtype) if op is Average else gathered
 
     return bridge.differentiable(forward, grad, [tensor])
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, ignore_name_scope=False, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0) -> list:
+    """:func:`reducescatter` of each of ``tensors`` (one reduce-scatter each, in list order)."""
+    return [reducescatter(t, op, process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor) for t in tensors]
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):

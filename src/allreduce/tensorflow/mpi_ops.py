@@ -12,13 +12,14 @@ import tensorflow as tf
 from .basics import Average, Sum, world
 from .compression import Compression
 from .gathers import (
-    allgather, allgather_object, alltoall, broadcast, broadcast_object, broadcast_variables, reducescatter,
+    allgather, allgather_object, alltoall, broadcast, broadcast_object, broadcast_variables, grouped_allgather,
+    grouped_reducescatter, reducescatter,
 )
 from .reductions import grouped_dense, resolve_op
 
 __all__ = [
     "allgather", "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
-    "broadcast_variables", "grouped_allreduce", "reducescatter",
+    "broadcast_variables", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "reducescatter",
 ]
 
 

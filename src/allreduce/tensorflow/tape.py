@@ -55,11 +55,20 @@ class DistributedGradientTape:
         self._options = dict(op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor,
                              sparse_as_dense=sparse_as_dense)
 
+        self._local: set = set()  # refs of the variables whose gradients stay local
+
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        if isinstance(grads, (list, tuple)):
-            return type(grads)(reduce_gradients(list(grads), **self._options))
-        return reduce_gradients([grads], **self._options)[0]
+        listed, kind = isinstance(grads, (list, tuple)), type(grads)
+        grads, sources = (list(grads), list(sources)) if listed else ([grads], [sources])
+        shared = [i for i, v in enumerate(sources) if not (hasattr(v, "ref") and v.ref() in self._local)]
+        for i, g in zip(shared, reduce_gradients([grads[i] for i in shared], **self._options)):
+            grads[i] = g
+        return kind(grads) if listed else grads[0]
+
+    def register_local_source(self, source) -> None:
+        """Keep the gradient of the variable ``source`` local (not reduced)."""
+        self._local.add(source.ref())
 
     def __getattr__(self, name):
         return getattr(self._tape, name)
@@ -70,3 +79,16 @@ class DistributedGradientTape:
 
     def __exit__(self, *exc):
         return self._tape.__exit__(*exc)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None):
+    """A :class:`DistributedGradientTape` that leaves the gradients of ``local_layers``' trainable
+    variables local (each rank keeps its own, as for a rank-local head)."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set)
+    for layer in local_layers or []:
+        for variable in layer.trainable_weights:
+            tape.register_local_source(variable)
+    return tape

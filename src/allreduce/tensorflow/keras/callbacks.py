@@ -5,8 +5,9 @@
   variables exist), as Horovod does.
 - :class:`MetricAverageCallback` replaces each epoch's logged metrics with their average over the
   ranks (one all-reduce), so later callbacks (checkpoints, early stopping) decide alike.
-- :class:`LearningRateWarmupCallback` ramps the learning rate from ``initial_lr / size`` to
-  ``initial_lr`` over ``warmup_epochs``, batch by batch (Goyal et al., as Horovod).
+- :class:`LearningRateScheduleCallback` sets the learning rate by epoch, and
+  :class:`LearningRateWarmupCallback` ramps it from ``initial_lr / size`` to ``initial_lr`` over
+  ``warmup_epochs``, batch by batch (Goyal et al., as Horovod).
 """
 
 from __future__ import annotations
@@ -53,32 +54,52 @@ class MetricAverageCallback(keras.callbacks.Callback):
         logs.update(zip(names, averaged.tolist()))
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """The learning rate at ``initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)``, ``epoch``
-    counted in fractions of an epoch, until ``warmup_epochs``; ``initial_lr`` from then on.
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """The learning rate at ``initial_lr * multiplier(epoch)`` from ``start_epoch`` until ``end_epoch``
+    (``None``: to the end); ``multiplier`` a number or a function of the epoch, set at each epoch's
+    start (``staircase``) or at each batch, the epoch counted in fractions (``steps_per_epoch``:
+    Keras' own count when ``None``). Outside the range the learning rate is left alone, so schedules
+    of consecutive ranges compose, as in Horovod.
 
     ``momentum_correction`` is accepted and not applied (Keras 3 optimizers keep momentum in their own
     variables, which Horovod's correction does not know).
     """
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__()
-        self.initial_lr, self.warmup_epochs = initial_lr, warmup_epochs
-        self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
+        self.initial_lr, self.start_epoch, self.end_epoch = initial_lr, start_epoch, end_epoch
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.staircase, self.steps_per_epoch, self.verbose = staircase, steps_per_epoch, verbose
         self.epoch = 0
+
+    def _adjust(self, epoch: float) -> None:
+        if self.start_epoch <= epoch and (self.end_epoch is None or epoch < self.end_epoch):
+            self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        if self.staircase:
+            self._adjust(epoch)
 
     def on_batch_begin(self, batch, logs=None):
-        steps = self.steps_per_epoch or self.params.get("steps") or 1
-        epoch = self.epoch + batch / steps
-        if epoch >= self.warmup_epochs:
-            lr = self.initial_lr
-        else:
-            lr = self.initial_lr / size() * (epoch * (size() - 1) / self.warmup_epochs + 1)
-        self.model.optimizer.learning_rate = lr
+        if not self.staircase:
+            self._adjust(self.epoch + batch / (self.steps_per_epoch or self.params.get("steps") or 1))
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """The learning rate at ``initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)``, batch by
+    batch, until ``warmup_epochs``, where it is set to ``initial_lr``."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__(initial_lr, lambda epoch: (epoch * (size() - 1) / warmup_epochs + 1) / size(), 0,
+                         warmup_epochs, False, momentum_correction, steps_per_epoch, verbose)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if epoch == self.end_epoch:
+            self.model.optimizer.learning_rate = self.initial_lr
