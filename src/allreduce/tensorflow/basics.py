@@ -57,6 +57,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether :func:`init` was called (and :func:`shutdown` not since)."""
     return _State.world is not None
 
 
@@ -84,10 +85,12 @@ def world(process_set=None):
 
 
 def rank() -> int:
+    """This process's rank in the job. Raises ``ValueError`` before :func:`init` (as all of these do)."""
     return world().rank
 
 
 def size() -> int:
+    """The number of ranks in the job."""
     return world().size
 
 
@@ -97,6 +100,7 @@ def local_rank() -> int:
 
 
 def local_size() -> int:
+    """The number of ranks on this rank's host."""
     return world().topology.local_size
 
 
@@ -106,6 +110,7 @@ def cross_rank() -> int:
 
 
 def cross_size() -> int:
+    """The number of hosts that have a rank with this ``local_rank``."""
     return world().topology.cross_size
 
 
