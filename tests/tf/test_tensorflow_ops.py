@@ -86,11 +86,12 @@ def test_broadcast_variables(ranks):
         assert got[1].tolist() == [1] and got[2] == 1.0
 
 
-def test_gradients_of_allreduce_allgather_broadcast(ranks):
-    for rank, (of_sum, of_gather, of_broadcast) in every(ranks, "gradients"):
+def test_gradients_of_allreduce_allgather_broadcast_reducescatter(ranks):
+    for rank, (of_sum, of_gather, of_broadcast, of_scatter) in every(ranks, "gradients"):
         np.testing.assert_array_equal(of_sum, SIZE * values(0))
-        np.testing.assert_array_equal(of_gather, 2 * SIZE * values(rank))
-        np.testing.assert_array_equal(of_broadcast, np.full((2, 3), 3.0 * SIZE if rank == 0 else 0.0))
+        np.testing.assert_array_equal(of_gather, 2 * values(rank))  # Horovod's: the averaged gradient's rows
+        np.testing.assert_array_equal(of_broadcast, np.full((2, 3), 3.0 if rank == 0 else 0.0))
+        np.testing.assert_array_equal(of_scatter, np.full((2, 3), float(SIZE)))  # Horovod's: times the size for Sum
 
 
 def test_indexed_slices_are_gathered(ranks):

@@ -71,7 +71,8 @@ def gradients(rank, size):
             s = tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum) * values(0))
             g = tf.reduce_sum(hvd.allgather(x) ** 2)
             b = tf.reduce_sum(hvd.broadcast(x, root_rank=0) * 3.0)
-        return [tape.gradient(loss, x) for loss in (s, g, b)]
+            r = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum))
+        return [tape.gradient(loss, x) for loss in (s, g, b, r)]
 
     return [t.numpy() for t in grads()]
 

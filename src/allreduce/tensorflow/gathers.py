@@ -6,10 +6,10 @@ split sizes (each rank learns how many rows every other rank sends it) and retur
 rows. ``reducescatter`` hands rank ``r`` its share of dim 0 (the first ``d0 % size`` ranks one row
 more), as Horovod does. ``broadcast_variables`` fuses the variables of each dtype into one broadcast.
 
-Gradients, as Horovod's TensorFlow ops have them: ``allgather``'s is the summed output gradient's
-rows of this rank; ``broadcast``'s the summed gradient on the root and zeros elsewhere;
+Gradients, as Horovod's TensorFlow ops have them: ``allgather``'s is the averaged output gradient's
+rows of this rank; ``broadcast``'s the averaged gradient on the root and zeros elsewhere;
 ``alltoall``'s the output gradient sent back; ``reducescatter``'s the gathered output gradient
-(divided by the size for Average).
+(times the size for Sum).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
 
     def grad(outs, dy, _):
         rows = outs[1]
-        summed = grouped_dense([dy], Sum, 1.0, 1.0, Compression.none)[0]
+        averaged = grouped_dense([dy], Average, 1.0, 1.0, Compression.none)[0]
         start = tf.reduce_sum(rows[:group.rank])
-        return summed[start:start + rows[group.rank]]
+        return averaged[start:start + rows[group.rank]]
 
     return bridge.differentiable(forward, grad, [tensor])[0]
 
@@ -89,8 +89,8 @@ def _broadcast_group(tensors, root_rank: int) -> list:
                            [x.dtype for x in xs], [x.shape for x in xs], "broadcast")
 
     def grad(_, *dys):
-        summed = grouped_dense(list(dys), Sum, 1.0, 1.0, Compression.none)
-        return summed if group.rank == root_rank else [tf.zeros_like(d) for d in summed]
+        averaged = grouped_dense(list(dys), Average, 1.0, 1.0, Compression.none)
+        return averaged if group.rank == root_rank else [tf.zeros_like(d) for d in averaged]
 
     return list(bridge.differentiable(forward, grad, tensors))
 
@@ -197,8 +197,7 @@ def reducescatter(tensor, op=Average, name=None, ignore_name_scope=False, proces
                            [x.dtype], [[None] + x.shape[1:].as_list()], "reducescatter")[0]
 
     def grad(_, dy):
-        gathered = allgather(dy)
-        return gathered / tf.cast(group.size, dy.dtype) if op is Average else gathered
+        return allgather(dy * tf.cast(group.size, dy.dtype) if op is Sum else dy)
 
     return bridge.differentiable(forward, grad, [tensor])
 
