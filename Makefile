@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test native asan fuzz fuzz-frames bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
+.PHONY: demo test test-tensorflow native asan fuzz fuzz-frames bench clean torch-conformance torch-elastic docs slurm ray deploy-test netns-bench campaign
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,15 @@ demo: $(STAMP)
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/demo.py
 	$(VENV)/bin/allreduce run -n 4 -- $(PY) examples/train.py --epochs 3
 	$(VENV)/bin/allreduce bench -n 4 -b 8 -e 4M -f 8 --iters 10 --warmup 2 --algorithm ring,tree
+
+# TensorFlow's face (allreduce.tensorflow, tests/tf) in a venv of its own, since TensorFlow pins its own
+# numpy and ml_dtypes; `make test` runs those tests only where TensorFlow is importable (they skip otherwise).
+TF_VENV := .venv-tf
+test-tensorflow:
+	test -x $(TF_VENV)/bin/python || $(PYTHON) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TF_VENV)/bin/python -m pip install --quiet -e '.[dev,tensorflow]'
+	$(TF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/tf
 
 # The compiled engine (src/allreduce/native/*.c), rebuilt in place when its sources change; `pip install`
 # builds it too. Without a C compiler the build says so and the suite runs on the Python engine alone.
@@ -120,4 +129,4 @@ campaign: $(STAMP)
 	$(PY) benchmarks/reliability_campaign.py --kills 200 --stops 30 --cuts 12 --seed 1
 
 clean:
-	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TF_VENV) build site *.egg-info src/*.egg-info .pytest_cache .hypothesis
