@@ -235,14 +235,17 @@ class Lifeline:
             try:
                 self._adopt(peer, linkage.dial(address, self.me, peer, self._security,
                                                time.monotonic() + linkage.SEND_S))
+                with self._links:
+                    conns = self._conns.get(peer)
+                    return conns[0] if conns else None  # (or it ended at once)
             except linkage.Refused:  # its listener is closed: it died or left
-                self._died(peer)
-                return None
+                refused = True
             except RendezvousError as exc:  # leaving, or alive but not answering: never suspected for that
                 _log.debug("%s", exc)
-                return None
-            with self._links:
-                return self._conns[peer][0]
+                refused = False
+        if refused:  # told once the dialling lock is let go: a sender may hold cv and wait for that lock
+            self._died(peer)
+        return None
 
     def _adopt(self, peer: int, sock: socket.socket) -> None:
         """Watch ``sock``, a connection to ``peer``, and send on it unless another one is already used."""
