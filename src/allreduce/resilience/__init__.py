@@ -3,7 +3,8 @@
 Its own row of the layers, below :mod:`allreduce.world` (which opens the lifelines with the default
 group) and above the group runtime, which knows only that a group may have a ``membership``:
 
-- :mod:`.lifeline`: one connection between every two processes of a job, the failure detector;
+- :mod:`.lifeline`: the failure detector: a ring of connections, deaths spread by word, links made on use;
+- :mod:`.linkage`: the lifelines' authenticated dial and its answer;
 - :mod:`.agreement`: fault-tolerant agreement over the lifelines (one decision for every survivor);
 - :mod:`.membership`: a group's members as lifeline ids: failed ranks, agree, revoke;
 - :mod:`.shrink`: the group of a group's survivors, on the old store or a new one;

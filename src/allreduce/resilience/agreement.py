@@ -4,19 +4,22 @@ Every member that returns from agreement *k* of a group returns the same :class:
 AND of the values contributed (MPI_Comm_agree's combination) and the members known failed, even when
 members, the coordinator included, die during it. How:
 
-- the *coordinator* is the first member in group order whose lifeline has not ended. Every other member
+- the *coordinator* is the first member in group order not known dead. Every other member
   sends it a ``contrib`` (its value, and the members it knows failed) and waits for a ``decided``;
 - the coordinator first ``ask``s everyone, then waits until every living member has answered, with a
   contribution or with a decision it already holds. It adopts a decision if one comes back (a
   coordinator before it decided and died while telling the others), else it decides, and sends the
   decision to every member. A member holding a decision answers any ``contrib`` or ``ask`` for it,
   even after it has returned, so a late coordinator always learns it;
-- a member whose coordinator's lifeline ends moves to the next one and contributes again.
+- a member that learns its coordinator died moves to the next one and contributes again.
 
-A decision is made only once every living member has been heard, and a member learns of a death only
-from the end of a lifeline (after every byte sent on it), so no member can return one decision while
-another returns a different one. The price: one slow member holds every agreement of its group until
-the deadline, which then raises :class:`~allreduce.errors.CommTimeout` naming it.
+A decision is made only once every living member has been heard, and a member ignores whatever comes
+from a member it already knows dead (word of a death, in a ``failed`` list or from the lifelines, may
+come before the dead member's last bytes), so a member that moved on from a coordinator never takes
+that coordinator's late decision: no member can return one decision while another returns a different
+one. The price: one slow member holds every
+agreement of its group until the deadline, which then raises :class:`~allreduce.errors.CommTimeout`
+naming it.
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ class Agreements:
     def _on_message(self, sender: int, message: dict) -> None:
         """A lifeline message (with the lifeline's ``cv`` held)."""
         kind, key = message.get("t"), (message.get("g"), message.get("k"))
-        if kind not in ("contrib", "ask", "decided"):
-            return
+        if kind not in ("contrib", "ask", "decided") or sender in self.line.dead:
+            return  # from a process known dead: as if it died before sending (see the module docstring)
         self.line.forget(message.get("failed", ()))
         if kind == "decided" and key not in self._decided:  # pass it on to whoever waits on this process
             self._decided[key] = Decision(int(message["value"]), tuple(message["failed"]), message.get("extra"))
