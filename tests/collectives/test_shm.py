@@ -42,7 +42,7 @@ def _our_memory() -> list[str]:
 
 
 def _dev_shm() -> list[str]:
-    return [name for name in os.listdir("/dev/shm") if "allreduce" in name]
+    return [name for name in os.listdir("/dev/shm") if name.startswith("allreduce")]  # our names (memfd)
 
 
 # ---- correctness -------------------------------------------------------------------------------

@@ -28,6 +28,16 @@ def trained(tmp_path_factory) -> dict[str, np.lib.npyio.NpzFile]:
     """Every stage's final parameters on each backend, the two jobs run side by side."""
     out = tmp_path_factory.mktemp("deepspeed")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    before = set(os.listdir("/dev/shm"))
+    try:
+        return _train(out, env)
+    finally:  # DeepSpeed's shared-memory op leaves its buffers in /dev/shm when its ranks exit
+        for name in set(os.listdir("/dev/shm")) - before:
+            if name.startswith("deepspeed_"):
+                os.unlink(f"/dev/shm/{name}")
+
+
+def _train(out: Path, env: dict[str, str]) -> dict[str, np.lib.npyio.NpzFile]:
     jobs = {backend: subprocess.Popen(
         [sys.executable, "-m", "allreduce", "run", "-n", "2", "--",
          sys.executable, str(WORKER), backend, str(out / f"{backend}.npz")],
