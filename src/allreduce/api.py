@@ -15,14 +15,14 @@ from .calls import (
     irecv, isend, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send,
 )
 from .resilience import (
-    SHRINK_ABORT, SHRINK_DEFAULT, Agreement, agree, failed_ranks, grow_group, is_replacement, join_group,
+    SHRINK_ABORT, SHRINK_DEFAULT, Agreement, agree, failed_ranks, grow_group,
     joiners_waiting, shrink_group,
 )
 from .roster import Group, NonMember, default_group, resolve_group
 from .world import (
     BACKENDS, are_deterministic_algorithms_enabled, destroy_process_group, get_backend, get_local_rank,
     get_local_size, get_rank, get_topology, get_world_size, init_process_group, is_available, is_initialized,
-    new_group, self_group, split_group, use_deterministic_algorithms,
+    is_replacement, join_group, new_group, self_group, split_group, use_deterministic_algorithms,
 )
 
 __all__ = [

@@ -7,7 +7,7 @@ them, and the calls (:mod:`.calls`) and the layers above find their group by :fu
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from . import logs, rendezvous
 from .runtime import ProcessGroup
@@ -38,10 +38,9 @@ class Roster:
     shm_options = ShmOptions()
 
 
-def entry_settings() -> tuple[Settings, ShmOptions, str | None]:
+def entry_settings(env: Mapping[str, str]) -> tuple[Settings, ShmOptions, str | None]:
     """The job's settings and its lobby's address (``None``: it cannot grow), read from the environment
-    once at a process's entry (init or join), and the logging they ask for."""
-    env = os.environ
+    once at a process's entry (init or join, which hand ``os.environ`` down), and the logging they ask for."""
     settings, shm_options = Settings.from_env(env), ShmOptions.from_env(env)
     logs.configure(settings.debug)
     return settings, shm_options, rendezvous.lobby_address(env)

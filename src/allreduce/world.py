@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable
 
@@ -53,7 +54,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allreduce offers {', '.join(map(repr, BACKENDS))}")
     seconds = timeout_seconds(timeout)
-    settings, shm_options, lobby_at = entry_settings()
+    settings, shm_options, lobby_at = entry_settings(os.environ)
     if store is None:
         joining = rendezvous.Joining(rendezvous.from_environment(), Security.of(settings))
         store, rank, world_size = rendezvous.rendezvous(init_method, rank, world_size, seconds, joining)
@@ -237,3 +238,22 @@ def _subgroup(name: str, rank: int, ranks: list[int], timeout: Timeout, inherite
     if world.membership is not None:
         world.membership.survival.enroll(group, [world.membership.ids[r] for r in ranks])
     return group
+
+
+def join_group(timeout: Timeout = None) -> ProcessGroup:
+    """Instead of :func:`init_process_group` in a replacement process (:func:`is_replacement`): wait in the
+    job's lobby until the members let it in at their next :func:`grow_group`, and make the grown group
+    the default. Its rank comes after the members'; the state of the work comes from them (e.g. by
+    ``broadcast_object_list``).
+
+    Raises:
+        RuntimeError: already initialized, or the job has no lobby. CommTimeout: not let in within
+        ``timeout`` (default: the default timeout).
+    """
+    return recovery.join_group(os.environ, timeout)
+
+
+def is_replacement() -> bool:
+    """Whether ``allreduce run --max-np`` started this process to take a dead worker's place: it calls
+    :func:`join_group` rather than :func:`init_process_group`."""
+    return recovery.is_replacement(os.environ)  # asked before init: this is the entry

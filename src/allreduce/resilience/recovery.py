@@ -9,7 +9,7 @@ replaces it in the :mod:`~allreduce.roster`.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from .. import rendezvous
 from ..arguments import Timeout, timeout_seconds
@@ -157,19 +157,11 @@ def joiners_waiting() -> int:
     return 0 if _Job.lobby is None else waiting(world, _Job.lobby)
 
 
-def join_group(timeout: Timeout = None) -> ProcessGroup:
-    """Instead of :func:`init_process_group` in a replacement process (:func:`is_replacement`): wait in the
-    job's lobby until the members let it in at their next :func:`grow_group`, and make the grown group
-    the default. Its rank comes after the members'; the state of the work comes from them (e.g. by
-    ``broadcast_object_list``).
-
-    Raises:
-        RuntimeError: already initialized, or the job has no lobby. CommTimeout: not let in within
-        ``timeout`` (default: the default timeout).
-    """
+def join_group(env: Mapping[str, str], timeout: Timeout = None) -> ProcessGroup:
+    """:func:`allreduce.join_group`, the job's settings read from ``env`` (the entry's environment)."""
     if Roster.world is not None:
         raise RuntimeError("join_group: this process is in a group already; it is for replacement processes")
-    settings, shm_options, lobby_at = entry_settings()
+    settings, shm_options, lobby_at = entry_settings(env)
     Roster.settings, Roster.shm_options = settings, shm_options
     grown, lifelines = join(lobby_at, settings, shm_options, timeout_seconds(timeout))
     _adopt(grown, lifelines)
@@ -177,10 +169,9 @@ def join_group(timeout: Timeout = None) -> ProcessGroup:
     return grown
 
 
-def is_replacement() -> bool:
-    """Whether ``allreduce run --max-np`` started this process to take a dead worker's place: it calls
-    :func:`join_group` rather than :func:`init_process_group`."""
-    return rendezvous.is_replacement(os.environ)  # asked before init: this is the entry
+def is_replacement(env: Mapping[str, str]) -> bool:
+    """:func:`allreduce.is_replacement`, asked of ``env`` (the entry's environment)."""
+    return rendezvous.is_replacement(env)
 
 
 def _adopt(world: ProcessGroup, lifelines: Survival) -> None:
